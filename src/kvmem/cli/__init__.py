@@ -1,0 +1,1 @@
+"""Command-line and environment parsing shared by kvmem-server and kvmem-cli."""

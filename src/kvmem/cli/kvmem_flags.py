@@ -1,0 +1,140 @@
+"""The `--kvmem-*` and KV-cache-type flags, shared by kvmem-cli and kvmem-server.
+
+Values are parsed by argparse with strict number types; the cross-field checks
+(`KVMemConfig.validate`, `KVCacheTypes.validate`) run in `kvmem_config_from_args`,
+before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from kvmem.config import KVCacheTypes, KVMemConfig, QueryPolicy, QueryReplay
+from kvmem.errors import ConfigError
+from kvmem.memory.ggml_types import KV_TYPE_NAMES
+from kvmem.memory.planner import RetrievalMethod
+
+_DEFAULTS = KVMemConfig()
+
+
+def strict_int(text: str) -> int:
+    """An integer in plain decimal; rejects '1.5', '1e3', '' and trailing garbage."""
+    value = text.strip()
+    if not value or not value.lstrip("+-").isdigit():
+        raise argparse.ArgumentTypeError(f"invalid integer value: {text!r}")
+    return int(value)
+
+
+def strict_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}")
+    return value
+
+
+def _layer_list(text: str) -> tuple[int, ...]:
+    if text.strip().lower() in ("", "all"):
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid layer list: {text!r}") from None
+
+
+def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("KV cache")
+    group.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", metavar="TYPE", default=None,
+                       help=f"K cache type: {', '.join(KV_TYPE_NAMES)} (default: f16)")
+    group.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", metavar="TYPE", default=None,
+                       help=f"V cache type: {', '.join(KV_TYPE_NAMES)} (default: f16)")
+    group.add_argument("--kv-dtype", dest="kv_dtype", metavar="TYPE", default=None,
+                       help="set both K and V cache types")
+
+
+def add_kvmem_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("KVMem")
+    group.add_argument("--no-kvmem", dest="no_kvmem", action="store_true",
+                       help="plain llama.cpp with a full-size context (for comparison)")
+    group.add_argument("--kvmem-budget", type=strict_int, default=_DEFAULTS.budget, metavar="N",
+                       help=f"GPU KV tokens for the selected working set (default: {_DEFAULTS.budget})")
+    group.add_argument("--kvmem-gen-reserve", type=strict_int, default=_DEFAULTS.gen_reserve,
+                       metavar="N", help=f"GPU KV tokens reserved for new tokens (default: {_DEFAULTS.gen_reserve})")
+    group.add_argument("--kvmem-block-tokens", type=strict_int, default=_DEFAULTS.block_tokens,
+                       metavar="N", help=f"tokens per block (default: {_DEFAULTS.block_tokens})")
+    group.add_argument("--kvmem-sink-blocks", type=strict_int, default=_DEFAULTS.sink_blocks,
+                       metavar="N", help=f"blocks at the start always kept (default: {_DEFAULTS.sink_blocks})")
+    group.add_argument("--kvmem-recent-blocks", type=strict_int, default=_DEFAULTS.recent_blocks,
+                       metavar="N", help=f"most recent blocks always kept (default: {_DEFAULTS.recent_blocks})")
+    group.add_argument("--kvmem-method", choices=[m.value for m in RetrievalMethod],
+                       default=_DEFAULTS.method.value, help="block selection (default: retrieval)")
+    group.add_argument("--kvmem-query-replay", choices=[m.value for m in QueryReplay],
+                       default=_DEFAULTS.query_replay.value, help="replay the query after reselection (default: auto)")
+    group.add_argument("--kvmem-query-policy", choices=[m.value for m in QueryPolicy],
+                       default=_DEFAULTS.query_policy.value, help="retrieval query: last user message or prompt tail (default: user)")
+    group.add_argument("--kvmem-query-max-tokens", type=strict_int, default=_DEFAULTS.query_max_tokens,
+                       metavar="N", help=f"last N tokens of the query used (default: {_DEFAULTS.query_max_tokens})")
+    group.add_argument("--kvmem-score-layers", type=_layer_list, default=(), metavar="L1,L2,...",
+                       help="attention layers used for scoring (default: all)")
+    group.add_argument("--kvmem-trace", dest="kvmem_trace", action="store_true", default=None,
+                       help="print KVMEM_* trace records on stderr (also KVMEM_TRACE=1)")
+    group.add_argument("--no-kvmem-trace", dest="kvmem_trace", action="store_false",
+                       help="disable trace records even when KVMEM_TRACE=1")
+
+
+@dataclass(frozen=True, slots=True)
+class KVMemFlags:
+    """What the shared flags resolve to."""
+
+    kvmem: KVMemConfig
+    cache_types: KVCacheTypes
+
+
+def cache_types_from_args(ns: argparse.Namespace) -> KVCacheTypes:
+    """Resolve -ctk/-ctv/--kv-dtype: --kv-dtype sets both, -ctk/-ctv override each component."""
+    k = v = "f16"
+    if ns.kv_dtype is not None:
+        k = v = ns.kv_dtype
+    if ns.cache_type_k is not None:
+        k = ns.cache_type_k
+    if ns.cache_type_v is not None:
+        v = ns.cache_type_v
+    k_flag = "-ctk" if ns.cache_type_k is not None else "--kv-dtype"
+    v_flag = "-ctv" if ns.cache_type_v is not None else "--kv-dtype"
+    return KVCacheTypes.from_names(k, v, k_flag, v_flag)
+
+
+def kvmem_config_from_args(ns: argparse.Namespace, trace_env: bool = False) -> KVMemFlags:
+    """Build and validate the KVMem settings; raises ConfigError naming the flag."""
+    trace = trace_env if ns.kvmem_trace is None else ns.kvmem_trace
+    config = KVMemConfig(
+        enabled=not ns.no_kvmem,
+        block_tokens=ns.kvmem_block_tokens,
+        budget=ns.kvmem_budget,
+        gen_reserve=ns.kvmem_gen_reserve,
+        sink_blocks=ns.kvmem_sink_blocks,
+        recent_blocks=ns.kvmem_recent_blocks,
+        method=RetrievalMethod(ns.kvmem_method),
+        query_replay=QueryReplay(ns.kvmem_query_replay),
+        query_policy=QueryPolicy(ns.kvmem_query_policy),
+        query_max_tokens=ns.kvmem_query_max_tokens,
+        score_layers=ns.kvmem_score_layers,
+        trace=trace,
+    )
+    config.validate()
+    return KVMemFlags(kvmem=config, cache_types=cache_types_from_args(ns))
+
+
+__all__ = [
+    "ConfigError",
+    "KVMemFlags",
+    "add_kv_cache_arguments",
+    "add_kvmem_arguments",
+    "cache_types_from_args",
+    "kvmem_config_from_args",
+    "strict_float",
+    "strict_int",
+]

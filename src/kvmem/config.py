@@ -1,0 +1,105 @@
+"""KVMem settings shared by the engine, the CLI and the server, with their validation.
+
+Validation raises `ConfigError` naming the flag, and runs before any model is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from kvmem.errors import ConfigError
+from kvmem.memory.ggml_types import GgmlType, parse_kv_type
+from kvmem.memory.planner import RetrievalMethod
+
+
+class QueryReplay(Enum):
+    """Whether the query is processed again after reselection changed the window."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+class QueryPolicy(Enum):
+    """Which tokens form the retrieval query."""
+
+    USER = "user"  # the last role=user message
+    TAIL = "tail"  # the last tokens of the prompt
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheTypes:
+    """The K and V cache types of the main context."""
+
+    k: GgmlType = GgmlType.F16
+    v: GgmlType = GgmlType.F16
+
+    @classmethod
+    def from_names(cls, k: str, v: str, k_flag: str = "-ctk", v_flag: str = "-ctv") -> KVCacheTypes:
+        types = cls(parse_kv_type(k, k_flag), parse_kv_type(v, v_flag))
+        types.validate()
+        return types
+
+    def validate(self) -> None:
+        if self.k.is_quantized != self.v.is_quantized:
+            raise ConfigError(
+                "-ctk/-ctv",
+                f"K/V cache types {self.k.label}/{self.v.label} mix a float and a quantized type; "
+                "use two float types (f16, f32) or two quantized types (q8_0, q5_0, q4_0)",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class KVMemConfig:
+    """The `--kvmem-*` settings."""
+
+    enabled: bool = True
+    block_tokens: int = 128
+    budget: int = 32768
+    gen_reserve: int = 4096
+    sink_blocks: int = 1
+    recent_blocks: int = 2
+    method: RetrievalMethod = RetrievalMethod.RETRIEVAL
+    query_replay: QueryReplay = QueryReplay.AUTO
+    query_policy: QueryPolicy = QueryPolicy.USER
+    query_max_tokens: int = 512
+    score_layers: tuple[int, ...] = ()  # empty: every attention layer
+    trace: bool = False
+
+    def validate(self) -> None:
+        """Raise ConfigError for the first invalid value, naming its flag."""
+        _positive("--kvmem-block-tokens", self.block_tokens)
+        if self.block_tokens % 32 != 0:
+            raise ConfigError("--kvmem-block-tokens", f"must be a multiple of 32, got {self.block_tokens}")
+        _positive("--kvmem-budget", self.budget)
+        _positive("--kvmem-gen-reserve", self.gen_reserve)
+        _positive("--kvmem-query-max-tokens", self.query_max_tokens)
+        if self.sink_blocks < 0:
+            raise ConfigError("--kvmem-sink-blocks", f"must be >= 0, got {self.sink_blocks}")
+        if self.recent_blocks < 1:
+            raise ConfigError("--kvmem-recent-blocks", f"must be >= 1, got {self.recent_blocks}")
+        floor = (self.sink_blocks + self.recent_blocks) * self.block_tokens
+        if self.budget < floor:
+            raise ConfigError(
+                "--kvmem-budget",
+                f"{self.budget} tokens is smaller than sink + recent "
+                f"({self.sink_blocks} + {self.recent_blocks} blocks of {self.block_tokens} = {floor} tokens)",
+            )
+        if self.gen_reserve < self.block_tokens:
+            raise ConfigError(
+                "--kvmem-gen-reserve",
+                f"{self.gen_reserve} tokens is smaller than one block ({self.block_tokens} tokens)",
+            )
+        if any(layer < 0 for layer in self.score_layers):
+            raise ConfigError("--kvmem-score-layers", "layer indices must be >= 0")
+
+    @property
+    def gpu_cells(self) -> int:
+        """KV cells the llama.cpp context needs: budget + generation reserve."""
+        return self.budget + self.gen_reserve
+
+
+def _positive(flag: str, value: int) -> None:
+    if value <= 0:
+        raise ConfigError(flag, f"must be a positive number, got {value}")

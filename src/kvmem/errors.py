@@ -1,0 +1,72 @@
+"""Every exception KVMem raises on purpose.
+
+The server maps these types (never their message text) to HTTP errors in one place.
+"""
+
+from __future__ import annotations
+
+
+class KVMemError(Exception):
+    """Base class of all KVMem errors."""
+
+
+class ConfigError(KVMemError):
+    """An invalid flag, environment value or setting, found before the model loads.
+
+    `flag` names the offending option (for example ``--kvmem-budget``).
+    """
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(f"{flag}: {message}" if flag else message)
+        self.flag = flag
+
+
+class ModelNotFoundError(KVMemError):
+    """The model file (or the default embedded model) cannot be found."""
+
+
+class ModelLoadError(KVMemError):
+    """llama.cpp refused to load the model or create a context."""
+
+
+class ContextLengthExceededError(KVMemError):
+    """A request is longer than the logical context (-c)."""
+
+    def __init__(self, n_tokens: int, n_ctx: int) -> None:
+        super().__init__(
+            f"the request has {n_tokens} tokens, more than the context size of {n_ctx} tokens"
+        )
+        self.n_tokens = n_tokens
+        self.n_ctx = n_ctx
+
+
+class DecodeError(KVMemError):
+    """llama_decode failed."""
+
+
+class StateFormatError(KVMemError):
+    """A llama.cpp sequence-state blob has a layout the codec does not know."""
+
+
+class KVTransferError(KVMemError):
+    """Moving KV between the GPU context and the host store failed."""
+
+
+class InvalidRequestError(KVMemError):
+    """A malformed API request (bad field, type or value)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class AuthenticationError(KVMemError):
+    """Missing or invalid API key."""
+
+
+class QueueFullError(KVMemError):
+    """The single generation slot is busy and the waiting queue is full."""
+
+
+class TemplateError(KVMemError):
+    """The chat template failed to render."""
