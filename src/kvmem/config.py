@@ -71,7 +71,9 @@ class KVMemConfig:
         """Raise ConfigError for the first invalid value, naming its flag."""
         _positive("--kvmem-block-tokens", self.block_tokens)
         if self.block_tokens % 32 != 0:
-            raise ConfigError("--kvmem-block-tokens", f"must be a multiple of 32, got {self.block_tokens}")
+            raise ConfigError(
+                "--kvmem-block-tokens", f"must be a multiple of 32, got {self.block_tokens}"
+            )
         _positive("--kvmem-budget", self.budget)
         _positive("--kvmem-gen-reserve", self.gen_reserve)
         _positive("--kvmem-query-max-tokens", self.query_max_tokens)

@@ -70,3 +70,18 @@ class QueueFullError(KVMemError):
 
 class TemplateError(KVMemError):
     """The chat template failed to render."""
+
+
+class MemoryLayoutError(KVMemError, ValueError):
+    """Arrays, ids or parameters handed to `kvmem.memory` do not fit its layout or state.
+
+    A caller bug (wrong shape, dtype, unknown block id), not a user error.
+    """
+
+
+class EngineNotReadyError(KVMemError):
+    """The server's model is still loading (or failed to load); retry later."""
+
+
+class BenchServerError(KVMemError):
+    """A benchmark's HTTP server answered with an error or could not be reached."""

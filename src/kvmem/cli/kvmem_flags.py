@@ -47,42 +47,119 @@ def _layer_list(text: str) -> tuple[int, ...]:
 
 def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("KV cache")
-    group.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", metavar="TYPE", default=None,
-                       help=f"K cache type: {', '.join(KV_TYPE_NAMES)} (default: f16)")
-    group.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", metavar="TYPE", default=None,
-                       help=f"V cache type: {', '.join(KV_TYPE_NAMES)} (default: f16)")
-    group.add_argument("--kv-dtype", dest="kv_dtype", metavar="TYPE", default=None,
-                       help="set both K and V cache types")
+    group.add_argument(
+        "-ctk",
+        "--cache-type-k",
+        dest="cache_type_k",
+        metavar="TYPE",
+        default=None,
+        help=f"K cache type: {', '.join(KV_TYPE_NAMES)} (default: f16)",
+    )
+    group.add_argument(
+        "-ctv",
+        "--cache-type-v",
+        dest="cache_type_v",
+        metavar="TYPE",
+        default=None,
+        help=f"V cache type: {', '.join(KV_TYPE_NAMES)} (default: f16)",
+    )
+    group.add_argument(
+        "--kv-dtype",
+        dest="kv_dtype",
+        metavar="TYPE",
+        default=None,
+        help="set both K and V cache types",
+    )
 
 
 def add_kvmem_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("KVMem")
-    group.add_argument("--no-kvmem", dest="no_kvmem", action="store_true",
-                       help="plain llama.cpp with a full-size context (for comparison)")
-    group.add_argument("--kvmem-budget", type=strict_int, default=_DEFAULTS.budget, metavar="N",
-                       help=f"GPU KV tokens for the selected working set (default: {_DEFAULTS.budget})")
-    group.add_argument("--kvmem-gen-reserve", type=strict_int, default=_DEFAULTS.gen_reserve,
-                       metavar="N", help=f"GPU KV tokens reserved for new tokens (default: {_DEFAULTS.gen_reserve})")
-    group.add_argument("--kvmem-block-tokens", type=strict_int, default=_DEFAULTS.block_tokens,
-                       metavar="N", help=f"tokens per block (default: {_DEFAULTS.block_tokens})")
-    group.add_argument("--kvmem-sink-blocks", type=strict_int, default=_DEFAULTS.sink_blocks,
-                       metavar="N", help=f"blocks at the start always kept (default: {_DEFAULTS.sink_blocks})")
-    group.add_argument("--kvmem-recent-blocks", type=strict_int, default=_DEFAULTS.recent_blocks,
-                       metavar="N", help=f"most recent blocks always kept (default: {_DEFAULTS.recent_blocks})")
-    group.add_argument("--kvmem-method", choices=[m.value for m in RetrievalMethod],
-                       default=_DEFAULTS.method.value, help="block selection (default: retrieval)")
-    group.add_argument("--kvmem-query-replay", choices=[m.value for m in QueryReplay],
-                       default=_DEFAULTS.query_replay.value, help="replay the query after reselection (default: auto)")
-    group.add_argument("--kvmem-query-policy", choices=[m.value for m in QueryPolicy],
-                       default=_DEFAULTS.query_policy.value, help="retrieval query: last user message or prompt tail (default: user)")
-    group.add_argument("--kvmem-query-max-tokens", type=strict_int, default=_DEFAULTS.query_max_tokens,
-                       metavar="N", help=f"last N tokens of the query used (default: {_DEFAULTS.query_max_tokens})")
-    group.add_argument("--kvmem-score-layers", type=_layer_list, default=(), metavar="L1,L2,...",
-                       help="attention layers used for scoring (default: all)")
-    group.add_argument("--kvmem-trace", dest="kvmem_trace", action="store_true", default=None,
-                       help="print KVMEM_* trace records on stderr (also KVMEM_TRACE=1)")
-    group.add_argument("--no-kvmem-trace", dest="kvmem_trace", action="store_false",
-                       help="disable trace records even when KVMEM_TRACE=1")
+    group.add_argument(
+        "--no-kvmem",
+        dest="no_kvmem",
+        action="store_true",
+        help="plain llama.cpp with a full-size context (for comparison)",
+    )
+    group.add_argument(
+        "--kvmem-budget",
+        type=strict_int,
+        default=_DEFAULTS.budget,
+        metavar="N",
+        help=f"GPU KV tokens for the selected working set (default: {_DEFAULTS.budget})",
+    )
+    group.add_argument(
+        "--kvmem-gen-reserve",
+        type=strict_int,
+        default=_DEFAULTS.gen_reserve,
+        metavar="N",
+        help=f"GPU KV tokens reserved for new tokens (default: {_DEFAULTS.gen_reserve})",
+    )
+    group.add_argument(
+        "--kvmem-block-tokens",
+        type=strict_int,
+        default=_DEFAULTS.block_tokens,
+        metavar="N",
+        help=f"tokens per block (default: {_DEFAULTS.block_tokens})",
+    )
+    group.add_argument(
+        "--kvmem-sink-blocks",
+        type=strict_int,
+        default=_DEFAULTS.sink_blocks,
+        metavar="N",
+        help=f"blocks at the start always kept (default: {_DEFAULTS.sink_blocks})",
+    )
+    group.add_argument(
+        "--kvmem-recent-blocks",
+        type=strict_int,
+        default=_DEFAULTS.recent_blocks,
+        metavar="N",
+        help=f"most recent blocks always kept (default: {_DEFAULTS.recent_blocks})",
+    )
+    group.add_argument(
+        "--kvmem-method",
+        choices=[m.value for m in RetrievalMethod],
+        default=_DEFAULTS.method.value,
+        help="block selection (default: retrieval)",
+    )
+    group.add_argument(
+        "--kvmem-query-replay",
+        choices=[m.value for m in QueryReplay],
+        default=_DEFAULTS.query_replay.value,
+        help="replay the query after reselection (default: auto)",
+    )
+    group.add_argument(
+        "--kvmem-query-policy",
+        choices=[m.value for m in QueryPolicy],
+        default=_DEFAULTS.query_policy.value,
+        help="retrieval query: last user message or prompt tail (default: user)",
+    )
+    group.add_argument(
+        "--kvmem-query-max-tokens",
+        type=strict_int,
+        default=_DEFAULTS.query_max_tokens,
+        metavar="N",
+        help=f"last N tokens of the query used (default: {_DEFAULTS.query_max_tokens})",
+    )
+    group.add_argument(
+        "--kvmem-score-layers",
+        type=_layer_list,
+        default=(),
+        metavar="L1,L2,...",
+        help="attention layers used for scoring (default: all)",
+    )
+    group.add_argument(
+        "--kvmem-trace",
+        dest="kvmem_trace",
+        action="store_true",
+        default=None,
+        help="print KVMEM_* trace records on stderr (also KVMEM_TRACE=1)",
+    )
+    group.add_argument(
+        "--no-kvmem-trace",
+        dest="kvmem_trace",
+        action="store_false",
+        help="disable trace records even when KVMEM_TRACE=1",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,22 @@
+"""The llama.cpp adapter: the only package that imports llama_cpp."""
+
+from .engine import Engine, EngineSettings
+from .model import ModelInfo, default_model_path, resolve_model_path
+from .sampler import SamplingParams
+from .session import KVMemSession
+from .trace import EngineStats, FinishReason, TurnStats
+from .window import TokenSpan
+
+__all__ = [
+    "Engine",
+    "EngineSettings",
+    "EngineStats",
+    "FinishReason",
+    "KVMemSession",
+    "ModelInfo",
+    "SamplingParams",
+    "TokenSpan",
+    "TurnStats",
+    "default_model_path",
+    "resolve_model_path",
+]

@@ -1,0 +1,58 @@
+"""KVMem's memory core: block table, host store, retrieval index, scoring, planning, RoPE math.
+
+numpy (and gguf for dequantization) only: this package never imports llama_cpp or the
+engine, server, chat or CLI packages (tests/unit/test_layering.py enforces it).
+"""
+
+from kvmem.memory.block_table import BlockInfo, BlockTable, TruncateResult
+from kvmem.memory.ggml_types import GgmlType, dequantize_rows, parse_kv_type
+from kvmem.memory.host_store import BlockKV, BlockStore, HostStore, HostStoreStats
+from kvmem.memory.planner import (
+    PlannerConfig,
+    RetrievalMethod,
+    WindowPlan,
+    plan_eviction,
+    plan_window,
+    window_slots,
+)
+from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex
+from kvmem.memory.rope import (
+    RopeParams,
+    RopeType,
+    apply_rope,
+    hadamard_matrix,
+    k_rotation_size,
+    remove_rope,
+    undo_hadamard,
+)
+from kvmem.memory.scorer import QueryVectors, score_blocks
+
+__all__ = [
+    "BlockInfo",
+    "BlockKV",
+    "BlockStore",
+    "BlockTable",
+    "GgmlType",
+    "HostStore",
+    "HostStoreStats",
+    "KeyGeometry",
+    "PlannerConfig",
+    "QueryVectors",
+    "RetrievalIndex",
+    "RetrievalMethod",
+    "RopeParams",
+    "RopeType",
+    "TruncateResult",
+    "WindowPlan",
+    "apply_rope",
+    "dequantize_rows",
+    "hadamard_matrix",
+    "k_rotation_size",
+    "parse_kv_type",
+    "plan_eviction",
+    "plan_window",
+    "remove_rope",
+    "score_blocks",
+    "undo_hadamard",
+    "window_slots",
+]

@@ -1,10 +1,12 @@
-"""ggml tensor types that a KV cache can hold, and their row layout."""
+"""ggml tensor types that a KV cache can hold, their row layout, and decoding rows to float32."""
 
 from __future__ import annotations
 
 from enum import IntEnum
 
-from kvmem.errors import ConfigError
+import numpy as np
+
+from kvmem.errors import ConfigError, MemoryLayoutError
 
 
 class GgmlType(IntEnum):
@@ -60,3 +62,29 @@ def parse_kv_type(name: str, flag: str) -> GgmlType:
         raise ConfigError(
             flag, f"unknown KV cache type {name!r}; expected one of {', '.join(KV_TYPE_NAMES)}"
         ) from None
+
+
+def dequantize_rows(rows: np.ndarray, ggml_type: GgmlType, n_elements: int) -> np.ndarray:
+    """Decode KV rows stored in `ggml_type` to float32.
+
+    rows: uint8 [n_rows, row_bytes] with row_bytes == ggml_type.row_bytes(n_elements).
+    Returns float32 [n_rows, n_elements] (always a new array).
+    """
+    row_bytes = ggml_type.row_bytes(n_elements)
+    if rows.dtype != np.uint8 or rows.ndim != 2 or rows.shape[1] != row_bytes:
+        raise MemoryLayoutError(
+            f"expected uint8 rows [n, {row_bytes}] of {ggml_type.label} x {n_elements}, "
+            f"got {rows.dtype} {list(rows.shape)}"
+        )
+    n_rows = rows.shape[0]
+    data = np.ascontiguousarray(rows)  # [n_rows, row_bytes]
+    if ggml_type is GgmlType.F32:
+        return data.view("<f4").astype(np.float32)  # [n_rows, n_elements]
+    if ggml_type is GgmlType.F16:
+        return data.view("<f2").astype(np.float32)  # [n_rows, n_elements]
+    if n_rows == 0:
+        return np.zeros((0, n_elements), dtype=np.float32)
+    import gguf  # deferred: importing gguf costs ~0.25 s, only quantized K needs it
+
+    out = gguf.quants.dequantize(data, gguf.GGMLQuantizationType(int(ggml_type)))
+    return np.asarray(out, dtype=np.float32).reshape(n_rows, n_elements)  # [n_rows, n_elements]

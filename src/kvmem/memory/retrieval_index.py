@@ -1,0 +1,171 @@
+"""Per-block mean keys in the content frame, the summary retrieval scores against.
+
+For every block and every scored attention layer the index keeps the mean over the
+block's tokens of its keys with RoPE removed (and, for a rotated quantized K cache, the
+Hadamard rotation undone first): float32 [n_layers_scored, n_head_kv, head_dim].
+The means live in one contiguous array so that scoring is a single batched product.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvmem.errors import MemoryLayoutError
+from kvmem.memory.ggml_types import GgmlType, dequantize_rows
+from kvmem.memory.rope import RopeParams, remove_rope, undo_hadamard
+
+logger = logging.getLogger(__name__)
+
+_INITIAL_CAPACITY = 64
+
+
+@dataclass(frozen=True, slots=True)
+class KeyGeometry:
+    """How the keys of one model's KV cache are laid out and position-encoded."""
+
+    n_layer: int  # attention layers, in the order of the state blob
+    n_head_kv: int
+    head_dim: int
+    k_type: GgmlType
+    rope: RopeParams
+    k_rotation: int  # 0: K stored plain; else the Hadamard chunk size (cache holds H.RoPE(k))
+
+    def __post_init__(self) -> None:
+        if self.n_layer <= 0 or self.n_head_kv <= 0 or self.head_dim <= 0:
+            raise MemoryLayoutError(f"invalid key geometry {self}")
+        if self.rope.n_rot > self.head_dim:
+            raise MemoryLayoutError(f"n_rot={self.rope.n_rot} > head_dim={self.head_dim}")
+        if self.k_rotation < 0 or (self.k_rotation and self.head_dim % self.k_rotation):
+            raise MemoryLayoutError(
+                f"k_rotation={self.k_rotation} does not divide head_dim={self.head_dim}"
+            )
+
+    @property
+    def n_embd_k(self) -> int:
+        """Elements of one K row (all KV heads of a token)."""
+        return self.n_head_kv * self.head_dim
+
+    @property
+    def k_row_bytes(self) -> int:
+        return self.k_type.row_bytes(self.n_embd_k)
+
+
+class RetrievalIndex:
+    """Mean content-frame keys of the blocks in the history, for the layers scored."""
+
+    def __init__(self, geometry: KeyGeometry, layers: Sequence[int]) -> None:
+        chosen = tuple(int(layer) for layer in layers)
+        if not chosen:
+            raise MemoryLayoutError("a retrieval index needs at least one scored layer")
+        if len(set(chosen)) != len(chosen) or not all(
+            0 <= layer < geometry.n_layer for layer in chosen
+        ):
+            raise MemoryLayoutError(
+                f"scored layers {chosen} must be distinct and in [0, {geometry.n_layer})"
+            )
+        self._geometry = geometry
+        self._layers = chosen
+        shape = (_INITIAL_CAPACITY, len(chosen), geometry.n_head_kv, geometry.head_dim)
+        self._means = np.zeros(shape, dtype=np.float32)  # [capacity, n_scored, n_head_kv, head_dim]
+        self._row_of: dict[int, int] = {}
+        self._id_of_row: list[int] = []
+
+    @property
+    def geometry(self) -> KeyGeometry:
+        return self._geometry
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """The attention-layer indices scored, in the order of the means' axis 1."""
+        return self._layers
+
+    def add(self, block_id: int, positions: np.ndarray, k_rows: Sequence[np.ndarray]) -> None:
+        """Summarize one block (replacing an earlier summary of the same id).
+
+        positions int [n_tokens]; k_rows per attention layer (all of them, like
+        BlockKV.k), uint8 [n_tokens, k_row_bytes].
+        """
+        self._set(block_id, self._block_means(positions, k_rows))
+
+    def remove(self, block_ids: Iterable[int]) -> None:
+        """Forget blocks; ids not in the index are ignored."""
+        for block_id in block_ids:
+            row = self._row_of.pop(block_id, None)
+            if row is None:
+                continue
+            last = len(self._id_of_row) - 1
+            moved = self._id_of_row.pop()
+            if row != last:  # keep rows [0, n) dense: move the last row into the hole
+                self._means[row] = self._means[last]
+                self._id_of_row[row] = moved
+                self._row_of[moved] = row
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._row_of
+
+    def __len__(self) -> int:
+        return len(self._id_of_row)
+
+    def block_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(self._row_of))
+
+    def means(self, block_ids: Sequence[int]) -> np.ndarray:
+        """float32 [n_blocks, n_layers_scored, n_head_kv, head_dim], a new array."""
+        try:
+            rows = np.fromiter((self._row_of[b] for b in block_ids), dtype=np.int64)  # [n_blocks]
+        except KeyError as exc:
+            raise MemoryLayoutError(f"block {exc.args[0]} is not in the retrieval index") from None
+        return self._means[rows]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated for the means (capacity, not only the rows in use)."""
+        return int(self._means.nbytes)
+
+    # internals ---------------------------------------------------------------------
+
+    def _block_means(self, positions: np.ndarray, k_rows: Sequence[np.ndarray]) -> np.ndarray:
+        g = self._geometry
+        pos = np.asarray(positions)  # [n_tokens]
+        n_tokens = pos.shape[0] if pos.ndim == 1 else -1
+        if n_tokens <= 0:
+            raise MemoryLayoutError(
+                f"positions must be a non-empty [n_tokens] array, got {pos.shape}"
+            )
+        if len(k_rows) != g.n_layer:
+            raise MemoryLayoutError(f"{len(k_rows)} K layers, the geometry has {g.n_layer}")
+        for layer in self._layers:
+            rows = k_rows[layer]
+            if rows.shape != (n_tokens, g.k_row_bytes):
+                raise MemoryLayoutError(
+                    f"K layer {layer}: rows {list(rows.shape)}, expected [{n_tokens}, {g.k_row_bytes}]"
+                )
+        n_scored = len(self._layers)
+        # [n_tokens, n_scored, k_row_bytes]
+        stacked = np.stack([k_rows[layer] for layer in self._layers], axis=1)
+        flat = stacked.reshape(n_tokens * n_scored, g.k_row_bytes)  # [n_tokens*n_scored, row_bytes]
+        keys = dequantize_rows(flat, g.k_type, g.n_embd_k)  # [n_tokens * n_scored, n_embd_k]
+        # [n_tokens, n_scored, n_head_kv, head_dim]
+        keys = keys.reshape(n_tokens, n_scored, g.n_head_kv, g.head_dim)
+        if g.k_rotation:
+            keys = undo_hadamard(keys, g.k_rotation)
+        content = remove_rope(keys, pos, g.rope)  # [n_tokens, n_scored, n_head_kv, head_dim]
+        mean = content.mean(axis=0, dtype=np.float64)  # [n_scored, n_head_kv, head_dim]
+        return mean.astype(np.float32)
+
+    def _set(self, block_id: int, block_means: np.ndarray) -> None:
+        row = self._row_of.get(block_id)
+        if row is None:
+            row = len(self._id_of_row)
+            if row == self._means.shape[0]:
+                # [2 * capacity, n_scored, n_head_kv, head_dim]
+                grown = np.zeros((2 * row, *self._means.shape[1:]), dtype=np.float32)
+                grown[:row] = self._means
+                self._means = grown
+            self._row_of[block_id] = row
+            self._id_of_row.append(block_id)
+        self._means[row] = block_means

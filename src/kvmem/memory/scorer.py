@@ -1,0 +1,128 @@
+"""Block scores: a block-level attention estimate of the query against the mean keys.
+
+For every scored layer that the query has vectors for, the query tokens (RoPE removed)
+attend over the blocks' mean keys (softmax over blocks, per token and query head);
+the resulting distributions are averaged over tokens, heads and layers. Grouped-query
+attention maps query head h to KV head h // (n_head // n_head_kv), as llama.cpp does.
+
+Cost: n_layers x n_tokens x n_head x n_blocks logits, each a head_dim dot product and
+an exp. The logits are computed in chunks of `_CHUNK_ELEMENTS`; with `workers > 1` the
+chunks run on a thread pool (numpy releases the GIL in matmul and exp).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvmem.errors import MemoryLayoutError
+from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex
+from kvmem.memory.rope import remove_rope
+
+logger = logging.getLogger(__name__)
+
+_CHUNK_ELEMENTS = 1 << 22  # logits computed at once per task (16 MiB of float32)
+
+
+@dataclass(slots=True)
+class QueryVectors:
+    """Post-RoPE query vectors of the query tokens, as llama.cpp computed them."""
+
+    positions: np.ndarray  # int [n_tokens]
+    # layer -> float32 [n_tokens, n_head, head_dim]
+    by_layer: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    """Some query rows of one layer against every block."""
+
+    layer_pos: int  # index into the layers used
+    queries: np.ndarray  # float32 [n_kv, n_rows, head_dim], RoPE removed
+    keys: np.ndarray  # float32 [n_kv, head_dim, n_blocks], mean keys of the layer
+
+
+def score_blocks(
+    index: RetrievalIndex,
+    block_ids: Sequence[int],
+    query: QueryVectors,
+    *,
+    workers: int = 1,
+) -> np.ndarray:
+    """float32 [n_blocks]: the estimated attention mass of each block; sums to 1.
+
+    An empty block list gives an empty array. Raises MemoryLayoutError when the query
+    has none of the index's scored layers or its shapes do not fit the geometry.
+    `workers` > 1 computes the chunks of logits on that many threads.
+    """
+    ids = list(block_ids)
+    if not ids:
+        return np.zeros(0, dtype=np.float32)  # [0]
+    geometry = index.geometry
+    used = [(j, layer) for j, layer in enumerate(index.layers) if layer in query.by_layer]
+    if not used:
+        raise MemoryLayoutError(
+            f"the query has vectors for layers {sorted(query.by_layer)}, "
+            f"none of the scored layers {list(index.layers)}"
+        )
+    positions = np.asarray(query.positions)  # [n_tokens]
+    means = index.means(ids)  # [n_blocks, n_scored, n_head_kv, head_dim]
+    n_blocks, n_kv = len(ids), geometry.n_head_kv
+    chunks: list[_Chunk] = []
+    n_rows: list[int] = []  # per used layer: query rows (tokens x heads)
+    for pos, (j, layer) in enumerate(used):
+        q = np.asarray(query.by_layer[layer], dtype=np.float32)  # [n_tokens, n_head, head_dim]
+        n_tokens, n_head, head_dim = _check_query(q, positions, geometry, layer)
+        group = n_head // n_kv
+        content = remove_rope(q, positions, geometry.rope)  # [n_tokens, n_head, head_dim]
+        # query head h = kvh * group + g attends with KV head kvh: [n_kv, n_tokens * group, head_dim]
+        grouped = content.reshape(n_tokens, n_kv, group, head_dim).transpose(1, 0, 2, 3)
+        grouped = np.ascontiguousarray(grouped).reshape(n_kv, n_tokens * group, head_dim)
+        keys = np.ascontiguousarray(means[:, j].transpose(1, 2, 0))  # [n_kv, head_dim, n_blocks]
+        step = max(1, _CHUNK_ELEMENTS // (n_kv * n_blocks))
+        for r0 in range(0, n_tokens * group, step):
+            chunks.append(_Chunk(pos, grouped[:, r0 : r0 + step], keys))
+        n_rows.append(n_tokens * n_head)
+    scale = np.float32(1.0 / math.sqrt(geometry.head_dim))
+    if workers > 1 and len(chunks) > 1:
+        with ThreadPoolExecutor(max_workers=min(workers, len(chunks))) as pool:
+            partials = list(pool.map(lambda c: _softmax_column_sum(c, scale), chunks))
+    else:
+        partials = [_softmax_column_sum(c, scale) for c in chunks]
+    per_layer = np.zeros((len(used), n_blocks), dtype=np.float64)  # [n_used, n_blocks]
+    for chunk, partial in zip(chunks, partials, strict=True):
+        per_layer[chunk.layer_pos] += partial
+    per_layer /= np.asarray(n_rows, dtype=np.float64)[:, None]
+    return per_layer.mean(axis=0).astype(np.float32)  # [n_blocks]
+
+
+def _softmax_column_sum(chunk: _Chunk, scale: np.float32) -> np.ndarray:
+    """float64 [n_blocks]: sum over the chunk's query rows of softmax_b(q . k_b * scale)."""
+    logits = np.matmul(chunk.queries, chunk.keys)  # [n_kv, n_rows, n_blocks]
+    logits *= scale
+    logits -= logits.max(axis=-1, keepdims=True)
+    np.exp(logits, out=logits)
+    logits /= logits.sum(axis=-1, keepdims=True)
+    return logits.reshape(-1, logits.shape[-1]).sum(axis=0, dtype=np.float64)  # [n_blocks]
+
+
+def _check_query(
+    q: np.ndarray, positions: np.ndarray, geometry: KeyGeometry, layer: int
+) -> tuple[int, int, int]:
+    n_head_kv, head_dim = geometry.n_head_kv, geometry.head_dim
+    if q.ndim != 3 or positions.ndim != 1 or q.shape[0] != positions.shape[0] or q.shape[0] == 0:
+        raise MemoryLayoutError(
+            f"layer {layer}: query {list(q.shape)} with positions {list(positions.shape)}; "
+            "expected [n_tokens > 0, n_head, head_dim] and [n_tokens]"
+        )
+    n_tokens, n_head, q_dim = q.shape
+    if q_dim != head_dim or n_head % n_head_kv:
+        raise MemoryLayoutError(
+            f"layer {layer}: query {list(q.shape)} does not fit {n_head_kv} KV heads of {head_dim}"
+        )
+    return n_tokens, n_head, q_dim

@@ -1,0 +1,144 @@
+"""Dependencies point one way: memory <- engine <- chat/server/cli.
+
+kvmem.memory imports only numpy, gguf, the standard library, kvmem.errors and itself;
+kvmem.engine is the only package that imports llama_cpp.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PACKAGE = SRC / "kvmem"
+MEMORY_ALLOWED_THIRD_PARTY = ("numpy", "gguf")
+MEMORY_ALLOWED_KVMEM = ("kvmem.errors", "kvmem.memory")
+FORBIDDEN_FOR_MEMORY = ("llama_cpp", "kvmem.engine", "kvmem.server", "kvmem.chat", "kvmem.cli")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> list[str]:
+    return _imports_in_source(
+        path.read_text(encoding="utf-8"), _module_name(path), path.name == "__init__.py"
+    )
+
+
+def _imports_in_source(source: str, module_name: str, is_package: bool) -> list[str]:
+    """Every module a source imports, anywhere in it, with relative imports resolved."""
+    tree = ast.parse(source)
+    package = module_name if is_package else module_name.rpartition(".")[0]
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names.append(module)
+            names.extend(
+                f"{module}.{alias.name}" for alias in node.names if module.startswith("kvmem")
+            )
+    return names
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _memory_import_allowed(name: str) -> bool:
+    top = name.split(".")[0]
+    if top == "__future__" or top in sys.stdlib_module_names:
+        return True
+    if top in MEMORY_ALLOWED_THIRD_PARTY:
+        return True
+    return any(_within(name, allowed) for allowed in MEMORY_ALLOWED_KVMEM)
+
+
+def _sources(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_memory_sources_import_only_allowed_modules() -> None:
+    files = _sources(PACKAGE / "memory")
+    assert files, "kvmem/memory has no sources"
+    bad = []
+    for path in files:
+        for name in _imports(path):
+            forbidden = any(_within(name, f) for f in FORBIDDEN_FOR_MEMORY)
+            if forbidden or not _memory_import_allowed(name):
+                bad.append(f"{path.relative_to(SRC)} imports {name}")
+    assert bad == []
+
+
+def test_only_engine_imports_llama_cpp() -> None:
+    bad = []
+    for path in _sources(PACKAGE):
+        if _within(_module_name(path), "kvmem.engine"):
+            continue
+        bad.extend(
+            f"{path.relative_to(SRC)} imports {name}"
+            for name in _imports(path)
+            if _within(name, "llama_cpp")
+        )
+    assert bad == []
+
+
+def test_checker_sees_relative_and_nested_imports() -> None:
+    source = (
+        "def f():\n"
+        "    import llama_cpp.llama_cpp\n"
+        "from ..engine import model\n"
+        "from . import rope\n"
+        "from .host_store import BlockKV\n"
+    )
+    names = _imports_in_source(source, "kvmem.memory.planner", is_package=False)
+    assert sorted(names) == [
+        "kvmem.engine",
+        "kvmem.engine.model",
+        "kvmem.memory",
+        "kvmem.memory.host_store",
+        "kvmem.memory.host_store.BlockKV",
+        "kvmem.memory.rope",
+        "llama_cpp.llama_cpp",
+    ]
+    assert not _memory_import_allowed("llama_cpp.llama_cpp")
+    assert not _memory_import_allowed("kvmem.engine.model")
+    assert not _memory_import_allowed("fastapi")
+    assert _memory_import_allowed("kvmem.memory.rope")
+    assert _memory_import_allowed("numpy.typing")
+    assert _memory_import_allowed("collections.abc")
+
+
+def test_importing_memory_does_not_load_llama_cpp_or_upper_layers() -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    code = (
+        "import sys, kvmem.memory\n"
+        "bad = sorted(m for m in sys.modules if m == 'llama_cpp' or m.startswith('llama_cpp.')"
+        " or m.split('.')[:2] in (['kvmem', 'engine'], ['kvmem', 'server'], ['kvmem', 'chat'],"
+        " ['kvmem', 'cli']))\n"
+        "print(','.join(bad))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""

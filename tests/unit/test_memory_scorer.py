@@ -1,0 +1,179 @@
+"""score_blocks against a plain-Python loop over layers, tokens, heads and blocks."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kvmem.errors import MemoryLayoutError
+from kvmem.memory import scorer
+from kvmem.memory.ggml_types import GgmlType
+from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex
+from kvmem.memory.rope import RopeParams, RopeType, apply_rope
+from kvmem.memory.scorer import QueryVectors, score_blocks
+
+N_LAYER, N_HEAD, N_HEAD_KV, HEAD_DIM = 3, 4, 2, 8
+
+
+def _geometry(rope_type: RopeType) -> KeyGeometry:
+    return KeyGeometry(
+        N_LAYER, N_HEAD_KV, HEAD_DIM, GgmlType.F32, RopeParams(rope_type, n_rot=8), 0
+    )
+
+
+def _build_index(g: KeyGeometry, n_blocks: int, rng: np.random.Generator) -> RetrievalIndex:
+    index = RetrievalIndex(g, [0, 1, 2])
+    for b in range(n_blocks):
+        positions = np.arange(b * 4, b * 4 + 4, dtype=np.int32)  # [n_tokens]
+        content = rng.standard_normal((4, N_HEAD_KV, HEAD_DIM)).astype(np.float32)
+        rows = [
+            apply_rope(content * (layer + 1), positions, g.rope).reshape(4, -1).view(np.uint8)
+            for layer in range(N_LAYER)
+        ]
+        index.add(b, positions, rows)
+    return index
+
+
+def _unrope_loop(vec: list[float], pos: int, params: RopeParams) -> list[float]:
+    out = list(vec)
+    half = params.n_rot // 2
+    for i in range(half):
+        theta = -pos * params.freq_scale * params.freq_base ** (-2.0 * i / params.n_rot)
+        a, b = (2 * i, 2 * i + 1) if params.rope_type is RopeType.NORM else (i, i + half)
+        out[a] = vec[a] * math.cos(theta) - vec[b] * math.sin(theta)
+        out[b] = vec[a] * math.sin(theta) + vec[b] * math.cos(theta)
+    return out
+
+
+def _score_loop(index: RetrievalIndex, block_ids: list[int], query: QueryVectors) -> list[float]:
+    g = index.geometry
+    means = index.means(block_ids).astype(np.float64)  # [n_blocks, n_scored, n_head_kv, head_dim]
+    totals = [0.0] * len(block_ids)
+    n_layers = 0
+    for j, layer in enumerate(index.layers):
+        if layer not in query.by_layer:
+            continue
+        n_layers += 1
+        q = query.by_layer[layer]
+        n_tokens, n_head = q.shape[0], q.shape[1]
+        layer_totals = [0.0] * len(block_ids)
+        for t in range(n_tokens):
+            for h in range(n_head):
+                kvh = h // (n_head // g.n_head_kv)
+                vec = _unrope_loop([float(x) for x in q[t, h]], int(query.positions[t]), g.rope)
+                logits = [
+                    sum(vec[d] * means[b, j, kvh, d] for d in range(g.head_dim))
+                    / math.sqrt(g.head_dim)
+                    for b in range(len(block_ids))
+                ]
+                top = max(logits)
+                exps = [math.exp(x - top) for x in logits]
+                for b in range(len(block_ids)):
+                    layer_totals[b] += exps[b] / sum(exps)
+        for b in range(len(block_ids)):
+            totals[b] += layer_totals[b] / (n_tokens * n_head)
+    return [x / n_layers for x in totals]
+
+
+@pytest.mark.parametrize("rope_type", [RopeType.NORM, RopeType.NEOX])
+def test_scores_match_loop(rope_type: RopeType) -> None:
+    g = _geometry(rope_type)
+    rng = np.random.default_rng(4)
+    index = _build_index(g, n_blocks=6, rng=rng)
+    positions = np.array([40, 41, 42], dtype=np.int32)  # [n_tokens]
+    query = QueryVectors(
+        positions=positions,
+        by_layer={
+            layer: rng.standard_normal((3, N_HEAD, HEAD_DIM)).astype(np.float32)
+            for layer in (0, 2, 7)
+        },
+    )
+    block_ids = [5, 0, 3, 2]
+    got = score_blocks(index, block_ids, query)
+    assert got.dtype == np.float32
+    assert got.shape == (4,)
+    np.testing.assert_allclose(got, _score_loop(index, block_ids, query), rtol=0, atol=1e-6)
+    assert float(got.sum()) == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_chunked_and_threaded_scores_match_loop(
+    workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scorer, "_CHUNK_ELEMENTS", 2 * N_HEAD_KV * 5)  # 2 query rows per chunk
+    g = _geometry(RopeType.NEOX)
+    rng = np.random.default_rng(8)
+    index = _build_index(g, n_blocks=5, rng=rng)
+    positions = np.array([20, 21, 25, 30, 31], dtype=np.int32)  # [n_tokens]
+    query = QueryVectors(
+        positions=positions,
+        by_layer={
+            layer: rng.standard_normal((5, N_HEAD, HEAD_DIM)).astype(np.float32) for layer in (0, 1)
+        },
+    )
+    block_ids = [0, 1, 2, 3, 4]
+    got = score_blocks(index, block_ids, query, workers=workers)
+    np.testing.assert_allclose(got, _score_loop(index, block_ids, query), rtol=0, atol=1e-6)
+
+
+def test_block_matching_the_query_scores_highest() -> None:
+    g = _geometry(RopeType.NEOX)
+    index = RetrievalIndex(g, [1])
+    direction = np.zeros((N_HEAD_KV, HEAD_DIM), dtype=np.float32)  # [n_head_kv, head_dim]
+    direction[:, 3] = 4.0
+    for b in range(5):
+        positions = np.arange(b * 2, b * 2 + 2, dtype=np.int32)  # [n_tokens]
+        content = np.zeros(
+            (2, N_HEAD_KV, HEAD_DIM), dtype=np.float32
+        )  # [n_tokens, n_head_kv, head_dim]
+        content[:, :, b] = 4.0  # block 3 points along the query's direction
+        rows = [
+            apply_rope(content, positions, g.rope).reshape(2, -1).view(np.uint8)
+            for _ in range(N_LAYER)
+        ]
+        index.add(b, positions, rows)
+    q_content = np.repeat(direction[None, :, None, :], 2, axis=2).reshape(1, N_HEAD, HEAD_DIM)
+    positions = np.array([500], dtype=np.int32)  # [n_tokens]
+    query = QueryVectors(positions, {1: apply_rope(q_content, positions, g.rope)})
+    got = score_blocks(index, [0, 1, 2, 3, 4], query)
+    assert int(np.argmax(got)) == 3
+    others = got[[0, 1, 2, 4]]
+    np.testing.assert_allclose(others, others[0], rtol=1e-6)  # the rest are equally unrelated
+
+
+def test_empty_block_list() -> None:
+    g = _geometry(RopeType.NORM)
+    index = _build_index(g, n_blocks=2, rng=np.random.default_rng(0))
+    query = QueryVectors(np.array([9]), {0: np.ones((1, N_HEAD, HEAD_DIM), np.float32)})
+    got = score_blocks(index, [], query)
+    assert got.shape == (0,)
+    assert got.dtype == np.float32
+
+
+def test_single_block_scores_one() -> None:
+    g = _geometry(RopeType.NORM)
+    index = _build_index(g, n_blocks=2, rng=np.random.default_rng(0))
+    query = QueryVectors(np.array([9]), {0: np.ones((1, N_HEAD, HEAD_DIM), np.float32)})
+    assert score_blocks(index, [1], query).tolist() == [1.0]
+
+
+def test_bad_queries_are_rejected() -> None:
+    g = _geometry(RopeType.NORM)
+    index = _build_index(g, n_blocks=2, rng=np.random.default_rng(0))
+    no_layer = QueryVectors(np.array([9]), {5: np.ones((1, N_HEAD, HEAD_DIM), np.float32)})
+    with pytest.raises(MemoryLayoutError):
+        score_blocks(index, [0, 1], no_layer)
+    bad_heads = QueryVectors(np.array([9]), {0: np.ones((1, 3, HEAD_DIM), np.float32)})
+    with pytest.raises(MemoryLayoutError):
+        score_blocks(index, [0, 1], bad_heads)
+    bad_positions = QueryVectors(np.array([9, 10]), {0: np.ones((1, N_HEAD, HEAD_DIM), np.float32)})
+    with pytest.raises(MemoryLayoutError):
+        score_blocks(index, [0, 1], bad_positions)
+    with pytest.raises(MemoryLayoutError):
+        score_blocks(
+            index,
+            [0, 9],
+            QueryVectors(np.array([9]), {0: np.ones((1, N_HEAD, HEAD_DIM), np.float32)}),
+        )

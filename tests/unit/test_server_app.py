@@ -1,0 +1,303 @@
+"""The HTTP app on a scripted fake engine: routes, bodies, streaming chunks, auth, errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from kvmem.cli.api_keys import ApiKeys
+from kvmem.engine import EngineSettings
+from kvmem.server.app import create_app
+from kvmem.server.settings import ServerSettings
+from tests.server.fake_engine import FakeEngine, FakeInfo
+
+USER = [{"role": "user", "content": "Hi"}]
+PROMPT = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def settings(**kw: object) -> ServerSettings:
+    base = {"engine": EngineSettings(model_path="/models/fake-model.gguf"), "ui": False}
+    base.update(kw)
+    return ServerSettings(**base)  # type: ignore[arg-type]
+
+
+def wait_ready(client: TestClient) -> None:
+    for _ in range(200):
+        if client.get("/health").status_code == 200:
+            return
+        time.sleep(0.01)
+    raise AssertionError("the fake engine never became ready")
+
+
+@pytest.fixture()
+def engine() -> FakeEngine:
+    return FakeEngine(replies=["Hello there!", "Again."])
+
+
+@pytest.fixture()
+def client(engine: FakeEngine) -> Iterator[TestClient]:
+    with TestClient(create_app(settings(alias="smol", metrics=True), lambda s: engine)) as c:
+        wait_ready(c)
+        yield c
+
+
+def sse_events(text: str) -> list[object]:
+    out: list[object] = []
+    for block in text.strip().split("\n\n"):
+        assert block.startswith("data: ")
+        payload = block[len("data: "):]
+        out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def test_health_is_503_while_loading_then_200() -> None:
+    release = threading.Event()
+
+    def slow_factory(_: ServerSettings) -> FakeEngine:
+        release.wait(5)
+        return FakeEngine()
+
+    with TestClient(create_app(settings(), slow_factory)) as c:
+        loading = c.get("/health")
+        assert loading.status_code == 503
+        assert loading.json()["status"] == "loading"
+        assert c.post("/v1/chat/completions", json={"messages": USER}).status_code == 503
+        release.set()
+        wait_ready(c)
+        assert c.get("/v1/health").json() == {"status": "ok"}
+
+
+def test_models_and_props(client: TestClient) -> None:
+    models = client.get("/v1/models").json()
+    assert models["data"][0]["id"] == "smol"
+    assert models["data"][0]["meta"] == {"n_ctx": 4096, "n_ctx_train": 8192, "n_vocab": 0x110000}
+    props = client.get("/props").json()
+    assert props["total_slots"] == 1
+    assert props["default_generation_settings"]["n_ctx"] == 4096
+    assert props["model_path"] == "/models/fake-model.gguf"
+    assert props["kvmem"]["budget"] == 32768
+    assert props["auth"] == {"enabled": False}
+    assert "<|im_start|>" in props["chat_template"]
+
+
+def test_models_id_is_the_file_name_without_alias(engine: FakeEngine) -> None:
+    with TestClient(create_app(settings(), lambda s: engine)) as c:
+        wait_ready(c)
+        assert c.get("/v1/models").json()["data"][0]["id"] == "fake-model.gguf"
+
+
+def test_non_stream_completion_and_cached_tokens_on_the_second_turn(client: TestClient, engine: FakeEngine) -> None:
+    first = client.post("/v1/chat/completions", json={"messages": USER, "temperature": 0}).json()
+    assert first["object"] == "chat.completion"
+    assert first["model"] == "smol"
+    assert first["choices"][0]["message"] == {"role": "assistant", "content": "Hello there!"}
+    assert first["choices"][0]["finish_reason"] == "stop"
+    assert first["usage"] == {
+        "prompt_tokens": len(PROMPT), "completion_tokens": 12, "total_tokens": len(PROMPT) + 12,
+        "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0},
+        "prompt_cache_hit_tokens": 0, "prompt_cache_miss_tokens": len(PROMPT),
+    }
+    second_msgs = USER + [{"role": "assistant", "content": "Hello there!"}, {"role": "user", "content": "More"}]
+    second = client.post("/v1/chat/completions", json={"messages": second_msgs}).json()
+    cached = len(PROMPT) + len("Hello there!")
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
+    assert second["usage"]["prompt_cache_hit_tokens"] == cached
+    assert engine.calls[0].sampling.temperature == 0.0
+    assert engine.calls[1].query is not None
+
+
+def test_stream_chunks_in_openai_order_with_usage(client: TestClient) -> None:
+    body = {"messages": USER, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response.read().decode())
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if isinstance(e, dict)]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[1:-2])
+    assert text == "Hello there!"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+    assert {c["id"] for c in chunks} == {chunks[0]["id"]}
+
+
+def test_stream_tool_call_deltas_carry_the_id_only_first() -> None:
+    reply = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    fake = FakeEngine(replies=[reply])
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+             for n in ("get_weather", "get_time")]
+    with TestClient(create_app(settings(), lambda s: fake)) as c:
+        wait_ready(c)
+        with c.stream("POST", "/v1/chat/completions", json={"messages": USER, "tools": tools, "stream": True}) as r:
+            events = sse_events(r.read().decode())
+    deltas = [e["choices"][0]["delta"] for e in events[1:-1] if isinstance(e, dict) and e["choices"]]
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert [(c["index"], "id" in c, c["function"].get("name")) for c in calls] == [
+        (0, True, "get_weather"), (0, False, None), (1, True, "get_time"), (1, False, None)]
+    assert calls[1]["function"]["arguments"] == '{"city": "Paris"}'
+    assert not any(d.get("content") for d in deltas)
+    assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"  # type: ignore[index]
+    assert "<tools>" in fake.calls[0].prompt  # the polyfilled tool instructions
+
+
+def test_response_format_and_forced_tool_choice_pass_grammars() -> None:
+    fake = FakeEngine(replies=['{"a": 1}', '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'])
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    with TestClient(create_app(settings(), lambda s: fake)) as c:
+        wait_ready(c)
+        r = c.post("/v1/chat/completions", json={"messages": USER, "response_format": {"type": "json_object"}})
+        assert r.json()["choices"][0]["message"]["content"] == '{"a": 1}'
+        r = c.post("/v1/chat/completions", json={"messages": USER, "tools": tools,
+                                                  "tool_choice": {"type": "function", "function": {"name": "f"}}})
+        message = r.json()["choices"][0]["message"]
+    assert fake.calls[0].grammar is not None and fake.calls[0].grammar.startswith("root ::= object")
+    assert fake.calls[1].grammar is not None and '"<tool_call>\\n"' in fake.calls[1].grammar
+    assert message["content"] is None
+    assert message["tool_calls"][0]["function"] == {"name": "f", "arguments": "{}"}
+
+
+def test_max_tokens_and_server_n_predict(engine: FakeEngine) -> None:
+    with TestClient(create_app(settings(n_predict=8), lambda s: engine)) as c:
+        wait_ready(c)
+        r = c.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 5}).json()
+        assert (r["choices"][0]["message"]["content"], r["choices"][0]["finish_reason"]) == ("Hello", "length")
+        r = c.post("/v1/chat/completions", json={"messages": USER, "max_completion_tokens": 100}).json()
+        assert r["usage"]["completion_tokens"] == 6  # "Again." fits under -n 8
+    assert [call.max_tokens for call in engine.calls] == [5, 8]
+
+
+def test_context_length_exceeded() -> None:
+    fake = FakeEngine(info=FakeInfo(n_ctx=40))
+    with TestClient(create_app(settings(), lambda s: fake)) as c:
+        wait_ready(c)
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 100}]})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert fake.calls == []
+
+
+def test_queue_full_gives_503_with_retry_after() -> None:
+    fake = FakeEngine(replies=lambda prompt: "slow reply", token_delay_s=0.05)
+    with TestClient(create_app(settings(queue_size=0), lambda s: fake)) as c:
+        wait_ready(c)
+        results: list[int] = []
+        t = threading.Thread(target=lambda: results.append(
+            c.post("/v1/chat/completions", json={"messages": USER}).status_code))
+        t.start()
+        assert fake.started.wait(5)
+        busy = c.post("/v1/chat/completions", json={"messages": USER})
+        t.join()
+    assert busy.status_code == 503
+    assert busy.headers["retry-after"] == "1"
+    assert busy.json()["error"]["code"] == "queue_full"
+    assert results == [200]
+
+
+def test_metrics(client: TestClient) -> None:
+    client.post("/v1/chat/completions", json={"messages": USER})
+    text = client.get("/metrics").text
+    assert f"kvmem_prompt_tokens_total {len(PROMPT)}" in text
+    assert "kvmem_generated_tokens_total 12" in text
+    assert f"kvmem_prompt_cache_miss_tokens_total {len(PROMPT)}" in text
+    assert "kvmem_stage_in_bytes_total 0" in text and "kvmem_reselect_seconds_total 0" in text
+
+
+def test_metrics_disabled_by_default(engine: FakeEngine) -> None:
+    with TestClient(create_app(settings(), lambda s: engine)) as c:
+        wait_ready(c)
+        r = c.get("/metrics")
+    assert r.status_code == 501
+    assert "--metrics" in r.json()["error"]["message"]
+
+
+def test_auth_matrix(engine: FakeEngine, tmp_path: Path) -> None:
+    ui = tmp_path / "ui"
+    ui.mkdir()
+    (ui / "index.html").write_text("<html>chat</html>")
+    s = settings(api_keys=ApiKeys(("sk-a", "sk-b")), ui=True, ui_dir=str(ui), metrics=True)
+    with TestClient(create_app(s, lambda _: engine)) as c:
+        wait_ready(c)
+        for path in ("/v1/models", "/props", "/metrics"):
+            r = c.get(path)
+            assert r.status_code == 401
+            assert r.json()["error"]["type"] == "authentication_error"
+        denied = c.post("/v1/chat/completions", json={"messages": USER})
+        assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
+        assert c.post("/v1/chat/completions", json={"messages": USER},
+                      headers={"Authorization": "Bearer sk-nope"}).status_code == 401
+        assert c.post("/v1/chat/completions", json={"messages": USER},
+                      headers={"Authorization": "Bearer sk-b"}).status_code == 200
+        assert c.get("/v1/models", headers={"X-Api-Key": "sk-a"}).status_code == 200
+        assert c.get("/health").status_code == 200 and c.get("/v1/health").status_code == 200
+        preflight = c.options("/v1/chat/completions", headers={
+            "Origin": "http://example.com", "Access-Control-Request-Method": "POST"})
+        assert preflight.status_code == 200
+        assert c.get("/").text == "<html>chat</html>"
+        assert c.get("/props", headers={"X-Api-Key": "sk-a"}).json()["auth"] == {"enabled": True}
+        assert "sk-a" not in c.get("/props", headers={"X-Api-Key": "sk-a"}).text
+
+
+MALFORMED: list[tuple[object, str | None]] = [
+    ("{not json", None),
+    ([1, 2], None),
+    ({}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": "hi"}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,!!"}}]}]},
+     "messages[0].content[0].image_url"),
+    ({"messages": USER, "temperature": "hot"}, "temperature"),
+    ({"messages": USER, "temperature": -1}, "temperature"),
+    ({"messages": USER, "top_p": 1.5}, "top_p"),
+    ({"messages": USER, "max_tokens": 0}, "max_tokens"),
+    ({"messages": USER, "max_tokens": "10"}, "max_tokens"),
+    ({"messages": USER, "stream": "yes"}, "stream"),
+    ({"messages": USER, "stop": 7}, "stop"),
+    ({"messages": USER, "seed": 1.5}, "seed"),
+    ({"messages": USER, "n": 2}, "n"),
+    ({"messages": USER, "tools": {"type": "function"}}, "tools"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
+    ({"messages": USER, "tool_choice": "required"}, "tool_choice"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"messages": USER, "response_format": {"type": "xml"}}, "response_format.type"),
+    ({"messages": USER, "response_format": {"type": "json_schema"}}, "response_format"),
+    ({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"schema": {"$ref": "http://x"}}}},
+     "response_format"),
+    ({"messages": USER, "chat_template_kwargs": {"enable_thinking": "true"}}, "chat_template_kwargs.enable_thinking"),
+    ({"messages": USER, "chat_template_kwargs": []}, "chat_template_kwargs"),
+    ({"messages": USER, "reasoning_budget_tokens": -5}, "reasoning_budget_tokens"),
+    ({"messages": USER, "reasoning_effort": 3}, "reasoning_effort"),
+    ({"messages": USER, "stream_options": {"include_usage": True}}, "stream_options"),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), MALFORMED)
+def test_malformed_requests_get_400_envelopes(client: TestClient, body: object, param: str | None) -> None:
+    if isinstance(body, str):
+        r = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    else:
+        r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert error["message"]
+
+
+def test_unknown_route_uses_the_envelope(client: TestClient) -> None:
+    r = client.get("/v1/nothing")
+    assert r.status_code == 404
+    assert r.json()["error"]["type"] == "not_found_error"
