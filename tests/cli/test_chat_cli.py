@@ -1,0 +1,143 @@
+"""kvmem-cli: invalid flags fail before the model loads; real runs on SmolLM2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kvmem.cli import chat_cli
+from kvmem.engine import model as model_module
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Any attempt to load weights fails the test."""
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the model was loaded before the flags were validated")
+
+    monkeypatch.setattr(model_module.LlamaModel, "__init__", refuse)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kvmem-budget", "256"], "--kvmem-budget: 256 tokens is smaller than sink + recent"),
+        (["--kvmem-budget", "0"], "--kvmem-budget: must be a positive number, got 0"),
+        (["--kvmem-budget", "1k"], "argument --kvmem-budget: invalid integer value: '1k'"),
+        (
+            ["--kvmem-gen-reserve", "64"],
+            "--kvmem-gen-reserve: 64 tokens is smaller than one block (128 tokens)",
+        ),
+        (
+            ["--kvmem-block-tokens", "100"],
+            "--kvmem-block-tokens: must be a multiple of 32, got 100",
+        ),
+        (
+            ["-ctk", "q9_0"],
+            "-ctk: unknown KV cache type 'q9_0'; expected one of f32, f16, q4_0, q5_0, q8_0",
+        ),
+        (["-ctv", "bf17"], "-ctv: unknown KV cache type 'bf17'"),
+        (["--kv-dtype", "int4"], "--kv-dtype: unknown KV cache type 'int4'"),
+        (
+            ["-ctk", "q8_0", "-ctv", "f16"],
+            "-ctk/-ctv: K/V cache types q8_0/f16 mix a float and a quantized type",
+        ),
+        (
+            ["--kv-dtype", "f16", "-ctv", "q4_0"],
+            "K/V cache types f16/q4_0 mix a float and a quantized type",
+        ),
+        (["--kvmem-method", "random"], "argument --kvmem-method: invalid choice: 'random'"),
+        (["--kvmem-query-replay", "sometimes"], "argument --kvmem-query-replay: invalid choice"),
+        (
+            ["--kvmem-query-max-tokens", "-5"],
+            "--kvmem-query-max-tokens: must be a positive number, got -5",
+        ),
+        (["-c", "-1"], "-c: context size must be positive, got -1"),
+        (["-n", "0"], "-n: must be -1 or a positive number, got 0"),
+        (["-n", "-2"], "-n: must be -1 or a positive number, got -2"),
+        (["--temp", "-1"], "--temp: must be >= 0, got -1.0"),
+        (["--temp", "hot"], "argument --temp: invalid number: 'hot'"),
+        (["-t", "0"], "-t: must be a positive number, got 0"),
+        (["-ngl", "many"], "-ngl: expected a number, 'all' or 'auto', got 'many'"),
+        (["-m", "/nonexistent/model.gguf"], "-m: model file not found: /nonexistent/model.gguf"),
+        (["-f", "/nonexistent/prompt.txt"], "-f: prompt file not found"),
+        (["--bogus-flag"], "unrecognized arguments: --bogus-flag"),
+        (["-f", "/dev/null", "-p", "x"], "-f: give either -p or -f, not both"),
+    ],
+)
+def test_invalid_flags_fail_before_loading(args, message, capsys, no_model_load):
+    prompt = [] if "-f" in args else ["-p", "hi"]
+    rc = chat_cli.main([*prompt, *args])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert message in err
+    assert err.startswith("kvmem-cli: error: ")
+
+
+def test_valid_quantized_pairs_are_accepted(no_model_load):
+    for k in ("q8_0", "q5_0", "q4_0"):
+        for v in ("q8_0", "q5_0", "q4_0"):
+            ns = chat_cli.build_parser().parse_args(["-ctk", k, "-ctv", v])
+            settings = chat_cli.settings_from_args(ns)
+            assert (settings.cache_types.k.label, settings.cache_types.v.label) == (k, v)
+
+
+def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kvmem.cli.chat_cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_one_shot_answer_with_trace():
+    run = _cli(
+        "-p", "What is the capital city of Japan?", "-n", "24", "--temp", "0", "--kvmem-trace"
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "The capital city of Japan is Tokyo."
+    assert "KVMEM_PREFILL tokens=" in run.stderr and "KVMEM_GEN tokens=" in run.stderr
+
+
+def test_prompt_longer_than_context_is_a_clear_error(tmp_path):
+    prompt = tmp_path / "long.txt"
+    prompt.write_text("the grass is green and the sky is blue. " * 200)
+    run = _cli("-f", str(prompt), "-c", "512", "--raw", "-n", "8")
+    assert run.returncode == 1
+    assert "more than the context size of 512 tokens" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_long_generation_spills_past_the_reserve(tmp_path):
+    # a ~1.1K-token history fills the 1024-token budget, so the 600 new tokens only have the
+    # 256-token reserve: the oldest blocks of the generation spill to the host store
+    prompt = tmp_path / "history.txt"
+    prompt.write_text("The grass is green. The sky is blue. The sun is yellow. " * 90)
+    run = _cli(
+        "-f",
+        str(prompt),
+        "--raw",
+        "-n",
+        "600",
+        "--ignore-eos",
+        "--temp",
+        "0",
+        "-c",
+        "8192",
+        "--kvmem-budget",
+        "1024",
+        "--kvmem-gen-reserve",
+        "256",
+        "--kvmem-trace",
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "KVMEM_SPILL" in run.stderr
+    gen = [ln for ln in run.stderr.splitlines() if ln.startswith("KVMEM_GEN")][-1]
+    assert "tokens=600" in gen and "finish=length" in gen
+    cells = int(gen.split("cells=")[1].split()[0])
+    assert cells <= 1024 + 256
