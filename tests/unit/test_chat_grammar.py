@@ -35,15 +35,33 @@ def test_literal_escaping() -> None:
 
 
 def test_json_object_grammar() -> None:
-    assert rules(json_object_grammar()) == {"root": "object", **{k: PRIMITIVES[k] for k in
-        ("object", "string", "char", "value", "array", "number", "integral", "boolean", "null")}}
+    assert rules(json_object_grammar()) == {
+        "root": "object",
+        **{
+            k: PRIMITIVES[k]
+            for k in (
+                "object",
+                "string",
+                "char",
+                "value",
+                "array",
+                "number",
+                "integral",
+                "boolean",
+                "null",
+            )
+        },
+    }
 
 
 def test_object_schema_required_then_optional_properties() -> None:
     schema = {
         "type": "object",
-        "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}, "days": {"type": "integer"},
-                       "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+        "properties": {
+            "city": {"type": "string", "enum": ["Paris", "Oslo"]},
+            "days": {"type": "integer"},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+        },
         "required": ["city"],
     }
     got = rules(json_schema_grammar(schema))
@@ -59,7 +77,10 @@ def test_object_schema_required_then_optional_properties() -> None:
 
 
 def test_refs_anyof_and_const() -> None:
-    schema = {"$defs": {"n": {"type": "number"}}, "anyOf": [{"$ref": "#/$defs/n"}, {"const": "auto"}]}
+    schema = {
+        "$defs": {"n": {"type": "number"}},
+        "anyOf": [{"$ref": "#/$defs/n"}, {"const": "auto"}],
+    }
     got = rules(json_schema_grammar(schema))
     assert got["root-value"] == "ref-defs-n | root-value-1"
     assert got["ref-defs-n"] == "number"
@@ -76,8 +97,17 @@ def test_bad_schemas_are_invalid_requests() -> None:
 
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris"]}}, "required": ["city"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "enum": ["Paris"]}},
+                "required": ["city"],
+            },
+        },
+    },
     {"type": "function", "function": {"name": "get_time"}},
 ]
 
@@ -105,5 +135,7 @@ def test_required_choice_offers_every_tool() -> None:
 def test_rendered_call_text_parses_back(fmt: ToolFormat) -> None:
     text = render_tool_call(fmt, "get_weather", {"city": "Paris", "days": 2})
     parsed = parse_tool_calls(text, fmt, TOOLS)
-    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("get_weather", '{"city": "Paris", "days": 2}')]
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [
+        ("get_weather", '{"city": "Paris", "days": 2}')
+    ]
     assert parsed.content == ""

@@ -24,21 +24,29 @@ def test_query_is_the_last_user_message_even_when_later_text_repeats_it() -> Non
     text = prompt.text
     start = text.index("second question")
     assert prompt.query == TokenSpan(start, start + len("second question"))
-    assert engine.detokenize(prompt.tokens[prompt.query.start : prompt.query.end]) == "second question"
+    assert (
+        engine.detokenize(prompt.tokens[prompt.query.start : prompt.query.end]) == "second question"
+    )
     assert text.count("second question") == 2
 
 
 def test_no_user_message_means_no_query() -> None:
     engine = FakeEngine()
-    prompt = build_prompt_tokens(engine, ChatTemplate(SMOLLM2_TEMPLATE),
-                                 normalize_messages([{"role": "system", "content": "s"}]))
+    prompt = build_prompt_tokens(
+        engine,
+        ChatTemplate(SMOLLM2_TEMPLATE),
+        normalize_messages([{"role": "system", "content": "s"}]),
+    )
     assert prompt.query is None
 
 
 def test_bos_written_by_the_template_becomes_one_bos_token() -> None:
     info = FakeInfo(add_bos=True)
     engine = FakeEngine(info=info)
-    tpl = ChatTemplate("{{ bos_token }}{% for m in messages %}[{{ m.content }}]{% endfor %}", bos_token=info.bos_text)
+    tpl = ChatTemplate(
+        "{{ bos_token }}{% for m in messages %}[{{ m.content }}]{% endfor %}",
+        bos_token=info.bos_text,
+    )
     rendered = render_prompt(tpl, normalize_messages([{"role": "user", "content": "hey"}]))
     assert rendered.text == "␂[hey]"
     prompt = tokenize_prompt(engine, rendered)
@@ -49,7 +57,9 @@ def test_bos_written_by_the_template_becomes_one_bos_token() -> None:
 class MergingEngine(FakeEngine):
     """Tokenizes 'ab' as one token, so token boundaries can disagree with char spans."""
 
-    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+    def tokenize(
+        self, text: str, *, add_special: bool = False, parse_special: bool = True
+    ) -> list[int]:
         out, i = [], 0
         while i < len(text):
             if text.startswith("ab", i):
@@ -65,11 +75,18 @@ def test_span_boundaries_follow_the_whole_prompt_tokenization() -> None:
     engine = MergingEngine()
     tpl = ChatTemplate("{% for m in messages %}x{{ m.content }}y{% endfor %}")
     # the user text "bz" follows an "a": "ab" merges across the boundary
-    prompt = build_prompt_tokens(engine, tpl, normalize_messages([{"role": "user", "content": "a"},
-                                                                 {"role": "user", "content": "bz"}]))
+    prompt = build_prompt_tokens(
+        engine,
+        tpl,
+        normalize_messages([{"role": "user", "content": "a"}, {"role": "user", "content": "bz"}]),
+    )
     assert prompt.text == "xayxbzy"
     assert prompt.query == TokenSpan(4, 6)
     tpl2 = ChatTemplate("{% for m in messages %}a{{ m.content }}{% endfor %}")
-    prompt2 = build_prompt_tokens(engine, tpl2, normalize_messages([{"role": "user", "content": "bcd"}]))
+    prompt2 = build_prompt_tokens(
+        engine, tpl2, normalize_messages([{"role": "user", "content": "bcd"}])
+    )
     assert prompt2.tokens == [0xE000, ord("c"), ord("d")]
-    assert prompt2.query == TokenSpan(0, 3)  # the merged token that holds the message start is included
+    assert prompt2.query == TokenSpan(
+        0, 3
+    )  # the merged token that holds the message start is included

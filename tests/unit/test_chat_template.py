@@ -20,8 +20,20 @@ SMOLLM2_TEMPLATE = (
 )
 SMOL_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 
 
 def smol() -> ChatTemplate:
@@ -35,26 +47,49 @@ def test_smollm2_renders_chatml_with_its_default_system_prompt() -> None:
 
 def test_smollm2_caps_and_formats() -> None:
     tpl = smol()
-    assert (tpl.caps.supports_system_role, tpl.caps.supports_tools, tpl.caps.supports_tool_calls,
-            tpl.caps.supports_tool_responses, tpl.caps.requires_typed_content) == (True, False, False, True, False)
+    assert (
+        tpl.caps.supports_system_role,
+        tpl.caps.supports_tools,
+        tpl.caps.supports_tool_calls,
+        tpl.caps.supports_tool_responses,
+        tpl.caps.requires_typed_content,
+    ) == (True, False, False, True, False)
     assert tpl.tool_format is ToolFormat.HERMES
     assert tpl.reasoning is None
 
 
 def test_part_array_content_is_joined_with_newlines() -> None:
-    msgs = normalize_messages([{"role": "system", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]},
-                               {"role": "user", "content": "Q"}])
+    msgs = normalize_messages(
+        [
+            {
+                "role": "system",
+                "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}],
+            },
+            {"role": "user", "content": "Q"},
+        ]
+    )
     text = smol().render(msgs, add_generation_prompt=False)
     assert text == "<|im_start|>system\nA\nB<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
 
 
 def test_tools_and_tool_calls_are_polyfilled_in_hermes_format_for_smollm2() -> None:
-    msgs = normalize_messages([
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
-    ])
+    msgs = normalize_messages(
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
+        ]
+    )
     text = smol().render(msgs, tools=TOOLS)
     tool_line = json.dumps(TOOLS[0])
     assert text == (
@@ -75,7 +110,8 @@ def test_helpers_tojson_strftime_raise_exception() -> None:
     tpl = ChatTemplate(
         "{{ messages[0].content | tojson }}|{{ {'b': 1, 'a': '<é>'} | tojson(sort_keys=true) }}|"
         "{{ strftime_now('%Y') | length }}|{{ bos_token }}{{ eos_token }}|{{ custom }}",
-        bos_token="<s>", eos_token="</s>",
+        bos_token="<s>",
+        eos_token="</s>",
     )
     text = tpl.render([{"role": "user", "content": "a&b"}], custom="kw")
     assert text == '"a&b"|{"a": "<é>", "b": 1}|4|<s></s>|kw'
@@ -94,11 +130,15 @@ def test_sandbox_blocks_python_internals_and_mutation() -> None:
 
 
 def test_template_without_system_role_gets_it_merged_into_the_first_user_message() -> None:
-    src = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system') }}{% endif %}"
-           "[{{ m.role }}]{{ m.content }}{% endfor %}")
+    src = (
+        "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system') }}{% endif %}"
+        "[{{ m.role }}]{{ m.content }}{% endfor %}"
+    )
     tpl = ChatTemplate(src)
     assert not tpl.caps.supports_system_role
-    msgs = normalize_messages([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}])
+    msgs = normalize_messages(
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    )
     assert tpl.render(msgs) == "[user]S\n\nU"
 
 

@@ -29,7 +29,7 @@ TEMPLATE = ChatTemplate(THINKING_TEMPLATE)
 MESSAGES = normalize_messages([{"role": "user", "content": "What is 19 x 23?"}])
 
 
-def rendered(defaults: ThinkingDefaults = ThinkingDefaults(), **request: object) -> str:
+def rendered(defaults: ThinkingDefaults, **request: object) -> str:
     plan = resolve_thinking(defaults, **request)  # type: ignore[arg-type]
     return render_prompt(TEMPLATE, MESSAGES, template_kwargs=plan.template_kwargs).text
 
@@ -43,21 +43,43 @@ def rendered(defaults: ThinkingDefaults = ThinkingDefaults(), **request: object)
         (ThinkingDefaults(), {"reasoning_effort": "medium"}, OPEN),
         (ThinkingDefaults(reasoning_effort="high"), {}, HEAD + "/careful\n<think>\n"),
         (ThinkingDefaults(reasoning_effort="high"), {"reasoning_effort": "default"}, OPEN),
-        (ThinkingDefaults(reasoning_effort="high"), {"reasoning_effort": "low"}, HEAD + "/brief\n<think>\n"),
+        (
+            ThinkingDefaults(reasoning_effort="high"),
+            {"reasoning_effort": "low"},
+            HEAD + "/brief\n<think>\n",
+        ),
         (ThinkingDefaults(), {"chat_template_kwargs": {"enable_thinking": False}}, CLOSED),
         # kwargs win over the top-level field for enable_thinking
-        (ThinkingDefaults(), {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}, OPEN),
+        (
+            ThinkingDefaults(),
+            {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}},
+            OPEN,
+        ),
         # a positive effort does not turn thinking back on
-        (ThinkingDefaults(enable_thinking=False), {"reasoning_effort": "high"}, HEAD + "/careful\n<think>\n\n</think>\n\n"),
+        (
+            ThinkingDefaults(enable_thinking=False),
+            {"reasoning_effort": "high"},
+            HEAD + "/careful\n<think>\n\n</think>\n\n",
+        ),
         # request kwargs override the launcher's
-        (ThinkingDefaults(template_kwargs={"enable_thinking": False}), {"chat_template_kwargs": {"enable_thinking": True}}, OPEN),
+        (
+            ThinkingDefaults(template_kwargs={"enable_thinking": False}),
+            {"chat_template_kwargs": {"enable_thinking": True}},
+            OPEN,
+        ),
         # top-level reasoning_effort overrides the value inside the kwargs
-        (ThinkingDefaults(), {"reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "high"}}, HEAD + "/brief\n<think>\n"),
+        (
+            ThinkingDefaults(),
+            {"reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "high"}},
+            HEAD + "/brief\n<think>\n",
+        ),
         (ThinkingDefaults(reasoning_effort="none"), {}, CLOSED),
         (ThinkingDefaults(reasoning_effort="none", enable_thinking=True), {}, OPEN),
     ],
 )
-def test_thinking_controls_render(defaults: ThinkingDefaults, request_fields: dict, expected: str) -> None:
+def test_thinking_controls_render(
+    defaults: ThinkingDefaults, request_fields: dict, expected: str
+) -> None:
     assert rendered(defaults, **request_fields) == expected
 
 
@@ -65,12 +87,19 @@ def test_rendered_prompt_knows_it_opens_a_thinking_block() -> None:
     plan = resolve_thinking(ThinkingDefaults())
     assert render_prompt(TEMPLATE, MESSAGES, template_kwargs=plan.template_kwargs).opens_reasoning
     plan = resolve_thinking(ThinkingDefaults(), reasoning_effort="none")
-    assert not render_prompt(TEMPLATE, MESSAGES, template_kwargs=plan.template_kwargs).opens_reasoning
+    assert not render_prompt(
+        TEMPLATE, MESSAGES, template_kwargs=plan.template_kwargs
+    ).opens_reasoning
 
 
 def test_budget_comes_from_the_request_else_the_launcher() -> None:
     assert resolve_thinking(ThinkingDefaults(reasoning_budget=4096)).budget == 4096
-    assert resolve_thinking(ThinkingDefaults(reasoning_budget=4096), reasoning_budget_tokens=128).budget == 128
+    assert (
+        resolve_thinking(
+            ThinkingDefaults(reasoning_budget=4096), reasoning_budget_tokens=128
+        ).budget
+        == 128
+    )
     assert resolve_thinking(ThinkingDefaults()).budget == -1
 
 

@@ -26,7 +26,9 @@ WEATHER_TOOLS = [
 ]
 
 
-def calls(text: str, fmt: ToolFormat, tools: list | None = None) -> tuple[str, list[tuple[str, dict]]]:
+def calls(
+    text: str, fmt: ToolFormat, tools: list | None = None
+) -> tuple[str, list[tuple[str, dict]]]:
     parsed = parse_tool_calls(text, fmt, tools)
     return parsed.content, [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls]
 
@@ -45,7 +47,10 @@ def test_hermes_qwen_several_calls_in_one_turn() -> None:
         "",
         [
             ("get_current_temperature", {"location": "San Francisco, CA, USA", "unit": "celsius"}),
-            ("get_temperature_date", {"location": "San Francisco, CA, USA", "date": "2024-10-01", "unit": "celsius"}),
+            (
+                "get_temperature_date",
+                {"location": "San Francisco, CA, USA", "date": "2024-10-01", "unit": "celsius"},
+            ),
         ],
     )
 
@@ -107,7 +112,10 @@ def test_qwen3_coder_two_calls_and_unknown_function_without_schema() -> None:
 
 def test_qwen3_coder_function_without_tool_call_wrapper() -> None:
     text = "<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>"
-    assert calls(text, ToolFormat.QWEN3_CODER, WEATHER_TOOLS) == ("", [("get_weather", {"city": "Oslo"})])
+    assert calls(text, ToolFormat.QWEN3_CODER, WEATHER_TOOLS) == (
+        "",
+        [("get_weather", {"city": "Oslo"})],
+    )
 
 
 def test_llama3_json_call() -> None:
@@ -119,7 +127,9 @@ def test_llama3_json_call() -> None:
 
 
 def test_llama3_python_tag_and_several_calls() -> None:
-    text = '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "arguments": {"y": 2}}'
+    text = (
+        '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "arguments": {"y": 2}}'
+    )
     assert calls(text, ToolFormat.LLAMA3_JSON) == ("", [("a", {"x": 1}), ("b", {"y": 2})])
 
 
@@ -143,7 +153,10 @@ def test_mistral_v3_json_array_keeps_ids() -> None:
 
 def test_mistral_v11_name_args_format() -> None:
     text = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"tz": "CET"}'
-    assert calls(text, ToolFormat.MISTRAL) == ("", [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})])
+    assert calls(text, ToolFormat.MISTRAL) == (
+        "",
+        [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})],
+    )
 
 
 def test_mistral_malformed_is_content() -> None:
@@ -152,8 +165,13 @@ def test_mistral_malformed_is_content() -> None:
 
 
 def test_format_detection_from_template_source() -> None:
-    assert detect_tool_format("{{- '<tool_call>\\n<function=' + tool_call.name }}") is ToolFormat.QWEN3_CODER
-    assert detect_tool_format("{{- '<tool_call>\\n{\"name\": \"' }}") is ToolFormat.HERMES
+    assert (
+        detect_tool_format("{{- '<tool_call>\\n<function=' + tool_call.name }}")
+        is ToolFormat.QWEN3_CODER
+    )
+    assert detect_tool_format('{{- \'<tool_call>\\n{"name": "\' }}') is ToolFormat.HERMES
     assert detect_tool_format("{{ '[TOOL_CALLS]' }}") is ToolFormat.MISTRAL
-    assert detect_tool_format("<|start_header_id|>ipython<|end_header_id|>") is ToolFormat.LLAMA3_JSON
+    assert (
+        detect_tool_format("<|start_header_id|>ipython<|end_header_id|>") is ToolFormat.LLAMA3_JSON
+    )
     assert detect_tool_format("<|im_start|>{{ message.content }}") is ToolFormat.HERMES

@@ -35,7 +35,10 @@ def test_hermes_calls_emitted_as_each_block_closes() -> None:
     out += stream.finish()
     assert first_call_at == text.index("</tool_call>") + len("</tool_call>") - 1
     assert "".join(o for o in out if isinstance(o, str)) == "Checking.\n"
-    assert [(c.name, json.loads(c.arguments)) for c in out if isinstance(c, ToolCall)] == [("a", {"x": 1}), ("b", {})]
+    assert [(c.name, json.loads(c.arguments)) for c in out if isinstance(c, ToolCall)] == [
+        ("a", {"x": 1}),
+        ("b", {}),
+    ]
 
 
 def test_partial_marker_is_held_then_released() -> None:
@@ -51,14 +54,23 @@ def test_partial_marker_is_held_then_released() -> None:
         (ToolFormat.LLAMA3_JSON, ' {"name": "f", "parameters": {"q": "x"}}', [("f", {"q": "x"})]),
         (ToolFormat.LLAMA3_JSON, "Answer: {not a call}", ["Answer: {not a call}"]),
         (ToolFormat.MISTRAL, 'Ok[TOOL_CALLS][{"name": "f", "arguments": {}}]', ["Ok", ("f", {})]),
-        (ToolFormat.QWEN3_CODER, "<tool_call>\n<function=f>\n<parameter=n>\n2\n</parameter>\n</function>\n</tool_call>",
-         [("f", {"n": 2})]),
-        (ToolFormat.HERMES, "<tool_call>\n{broken\n</tool_call> after", ["<tool_call>\n{broken\n</tool_call> after"]),
+        (
+            ToolFormat.QWEN3_CODER,
+            "<tool_call>\n<function=f>\n<parameter=n>\n2\n</parameter>\n</function>\n</tool_call>",
+            [("f", {"n": 2})],
+        ),
+        (
+            ToolFormat.HERMES,
+            "<tool_call>\n{broken\n</tool_call> after",
+            ["<tool_call>\n{broken\n</tool_call> after"],
+        ),
         (ToolFormat.HERMES, '<tool_call>\n{"name": "f", "arguments": {}}', [("f", {})]),
         (ToolFormat.HERMES, "   ", []),
     ],
 )
-def test_formats_streamed_character_by_character(fmt: ToolFormat, text: str, expected: list[object]) -> None:
+def test_formats_streamed_character_by_character(
+    fmt: ToolFormat, text: str, expected: list[object]
+) -> None:
     out = feed(ToolCallStream(fmt, []), chars(text))
     merged: list[object] = []
     for item in out:

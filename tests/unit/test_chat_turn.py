@@ -17,7 +17,9 @@ def prompt(text: str, *, opens_reasoning: bool = False) -> PromptTokens:
     return PromptTokens([ord(c) for c in text], TokenSpan(0, 1), text, opens_reasoning)
 
 
-def collect(engine: FakeEngine, req: TurnRequest) -> tuple[dict[str, str], list[tuple[str, dict]], TurnDone]:
+def collect(
+    engine: FakeEngine, req: TurnRequest
+) -> tuple[dict[str, str], list[tuple[str, dict]], TurnDone]:
     text = {"content": "", "reasoning_content": ""}
     calls = []
     events = list(run_turn(engine, req))
@@ -38,7 +40,11 @@ def test_plain_answer_with_stop_string_and_exact_usage() -> None:
     assert text == {"content": "Hello world. ", "reasoning_content": ""}
     assert calls == []
     assert done.finish_reason is ChatFinish.STOP
-    assert (done.usage.prompt_tokens, done.usage.cached_tokens, done.usage.completion_tokens) == (2, 0, 16)
+    assert (done.usage.prompt_tokens, done.usage.cached_tokens, done.usage.completion_tokens) == (
+        2,
+        0,
+        16,
+    )
     assert engine.calls[0].query == TokenSpan(0, 1)
 
 
@@ -52,8 +58,12 @@ def test_max_tokens_gives_length() -> None:
 
 def test_thinking_budget_closes_the_block_and_continues_from_the_cached_history() -> None:
     engine = FakeEngine(replies=["abcdefghij", "Answer."])
-    req = TurnRequest(prompt=prompt("P", opens_reasoning=True), reasoning=THINK_TAGS, reasoning_budget=3,
-                      budget_message="(out of budget)")
+    req = TurnRequest(
+        prompt=prompt("P", opens_reasoning=True),
+        reasoning=THINK_TAGS,
+        reasoning_budget=3,
+        budget_message="(out of budget)",
+    )
     text, _, done = collect(engine, req)
     assert text == {"reasoning_content": "abc(out of budget)\n", "content": "Answer."}
     forced = "(out of budget)\n</think>\n\n"
@@ -67,7 +77,9 @@ def test_thinking_budget_closes_the_block_and_continues_from_the_cached_history(
 
 def test_zero_budget_closes_thinking_before_generating() -> None:
     engine = FakeEngine(replies=["Direct answer."])
-    req = TurnRequest(prompt=prompt("P", opens_reasoning=True), reasoning=THINK_TAGS, reasoning_budget=0)
+    req = TurnRequest(
+        prompt=prompt("P", opens_reasoning=True), reasoning=THINK_TAGS, reasoning_budget=0
+    )
     text, _, _ = collect(engine, req)
     assert text == {"reasoning_content": "", "content": "Direct answer."}
     assert engine.calls[0].prompt == "P\n</think>\n\n"
@@ -75,7 +87,9 @@ def test_zero_budget_closes_thinking_before_generating() -> None:
 
 def test_grammar_waits_until_thinking_ends() -> None:
     engine = FakeEngine(replies=["plan</think>ignored", '{"a": 1}'])
-    req = TurnRequest(prompt=prompt("P", opens_reasoning=True), reasoning=THINK_TAGS, grammar="root ::= x")
+    req = TurnRequest(
+        prompt=prompt("P", opens_reasoning=True), reasoning=THINK_TAGS, grammar="root ::= x"
+    )
     text, _, done = collect(engine, req)
     assert [c.grammar for c in engine.calls] == [None, "root ::= x"]
     assert engine.calls[1].prompt == "Pplan</think>"
@@ -96,7 +110,9 @@ def test_tool_calls_are_parsed_from_the_stream() -> None:
 def test_unparseable_tool_call_becomes_content() -> None:
     reply = "<tool_call>\nnot json\n</tool_call>"
     engine = FakeEngine(replies=[reply])
-    text, calls, done = collect(engine, TurnRequest(prompt=prompt("Q"), tool_format=ToolFormat.HERMES))
+    text, calls, done = collect(
+        engine, TurnRequest(prompt=prompt("Q"), tool_format=ToolFormat.HERMES)
+    )
     assert text["content"] == reply
     assert calls == []
     assert done.finish_reason is ChatFinish.STOP
@@ -116,5 +132,9 @@ def test_reasoning_deltas_stream_on_their_channel() -> None:
     engine = FakeEngine(replies=["<think>\nhm</think>\n\nok"])
     events = list(run_turn(engine, TurnRequest(prompt=prompt("Q"), reasoning=THINK_TAGS)))
     channels = [(e.channel, e.text) for e in events if isinstance(e, TextDelta)]
-    assert channels == [(Channel.REASONING, "h"), (Channel.REASONING, "m"), (Channel.CONTENT, "o"),
-                        (Channel.CONTENT, "k")]
+    assert channels == [
+        (Channel.REASONING, "h"),
+        (Channel.REASONING, "m"),
+        (Channel.CONTENT, "o"),
+        (Channel.CONTENT, "k"),
+    ]

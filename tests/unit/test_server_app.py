@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,27 +10,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kvmem.cli.api_keys import ApiKeys
-from kvmem.engine import EngineSettings
 from kvmem.server.app import create_app
 from kvmem.server.settings import ServerSettings
+from tests.server.app_helpers import PROMPT, USER, settings, sse_events, wait_ready
 from tests.server.fake_engine import FakeEngine, FakeInfo
-
-USER = [{"role": "user", "content": "Hi"}]
-PROMPT = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-
-
-def settings(**kw: object) -> ServerSettings:
-    base = {"engine": EngineSettings(model_path="/models/fake-model.gguf"), "ui": False}
-    base.update(kw)
-    return ServerSettings(**base)  # type: ignore[arg-type]
-
-
-def wait_ready(client: TestClient) -> None:
-    for _ in range(200):
-        if client.get("/health").status_code == 200:
-            return
-        time.sleep(0.01)
-    raise AssertionError("the fake engine never became ready")
 
 
 @pytest.fixture()
@@ -45,15 +26,6 @@ def client(engine: FakeEngine) -> Iterator[TestClient]:
     with TestClient(create_app(settings(alias="smol", metrics=True), lambda s: engine)) as c:
         wait_ready(c)
         yield c
-
-
-def sse_events(text: str) -> list[object]:
-    out: list[object] = []
-    for block in text.strip().split("\n\n"):
-        assert block.startswith("data: ")
-        payload = block[len("data: "):]
-        out.append(payload if payload == "[DONE]" else json.loads(payload))
-    return out
 
 
 def test_health_is_503_while_loading_then_200() -> None:
@@ -92,18 +64,27 @@ def test_models_id_is_the_file_name_without_alias(engine: FakeEngine) -> None:
         assert c.get("/v1/models").json()["data"][0]["id"] == "fake-model.gguf"
 
 
-def test_non_stream_completion_and_cached_tokens_on_the_second_turn(client: TestClient, engine: FakeEngine) -> None:
+def test_non_stream_completion_and_cached_tokens_on_the_second_turn(
+    client: TestClient, engine: FakeEngine
+) -> None:
     first = client.post("/v1/chat/completions", json={"messages": USER, "temperature": 0}).json()
     assert first["object"] == "chat.completion"
     assert first["model"] == "smol"
     assert first["choices"][0]["message"] == {"role": "assistant", "content": "Hello there!"}
     assert first["choices"][0]["finish_reason"] == "stop"
     assert first["usage"] == {
-        "prompt_tokens": len(PROMPT), "completion_tokens": 12, "total_tokens": len(PROMPT) + 12,
-        "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0},
-        "prompt_cache_hit_tokens": 0, "prompt_cache_miss_tokens": len(PROMPT),
+        "prompt_tokens": len(PROMPT),
+        "completion_tokens": 12,
+        "total_tokens": len(PROMPT) + 12,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+        "prompt_cache_hit_tokens": 0,
+        "prompt_cache_miss_tokens": len(PROMPT),
     }
-    second_msgs = USER + [{"role": "assistant", "content": "Hello there!"}, {"role": "user", "content": "More"}]
+    second_msgs = USER + [
+        {"role": "assistant", "content": "Hello there!"},
+        {"role": "user", "content": "More"},
+    ]
     second = client.post("/v1/chat/completions", json={"messages": second_msgs}).json()
     cached = len(PROMPT) + len("Hello there!")
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
@@ -130,19 +111,31 @@ def test_stream_chunks_in_openai_order_with_usage(client: TestClient) -> None:
 
 
 def test_stream_tool_call_deltas_carry_the_id_only_first() -> None:
-    reply = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-             '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    reply = (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    )
     fake = FakeEngine(replies=[reply])
-    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
-             for n in ("get_weather", "get_time")]
+    tools = [
+        {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+        for n in ("get_weather", "get_time")
+    ]
     with TestClient(create_app(settings(), lambda s: fake)) as c:
         wait_ready(c)
-        with c.stream("POST", "/v1/chat/completions", json={"messages": USER, "tools": tools, "stream": True}) as r:
+        with c.stream(
+            "POST", "/v1/chat/completions", json={"messages": USER, "tools": tools, "stream": True}
+        ) as r:
             events = sse_events(r.read().decode())
-    deltas = [e["choices"][0]["delta"] for e in events[1:-1] if isinstance(e, dict) and e["choices"]]
+    deltas = [
+        e["choices"][0]["delta"] for e in events[1:-1] if isinstance(e, dict) and e["choices"]
+    ]
     calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
     assert [(c["index"], "id" in c, c["function"].get("name")) for c in calls] == [
-        (0, True, "get_weather"), (0, False, None), (1, True, "get_time"), (1, False, None)]
+        (0, True, "get_weather"),
+        (0, False, None),
+        (1, True, "get_time"),
+        (1, False, None),
+    ]
     assert calls[1]["function"]["arguments"] == '{"city": "Paris"}'
     assert not any(d.get("content") for d in deltas)
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"  # type: ignore[index]
@@ -150,14 +143,25 @@ def test_stream_tool_call_deltas_carry_the_id_only_first() -> None:
 
 
 def test_response_format_and_forced_tool_choice_pass_grammars() -> None:
-    fake = FakeEngine(replies=['{"a": 1}', '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'])
+    fake = FakeEngine(
+        replies=['{"a": 1}', '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>']
+    )
     tools = [{"type": "function", "function": {"name": "f"}}]
     with TestClient(create_app(settings(), lambda s: fake)) as c:
         wait_ready(c)
-        r = c.post("/v1/chat/completions", json={"messages": USER, "response_format": {"type": "json_object"}})
+        r = c.post(
+            "/v1/chat/completions",
+            json={"messages": USER, "response_format": {"type": "json_object"}},
+        )
         assert r.json()["choices"][0]["message"]["content"] == '{"a": 1}'
-        r = c.post("/v1/chat/completions", json={"messages": USER, "tools": tools,
-                                                  "tool_choice": {"type": "function", "function": {"name": "f"}}})
+        r = c.post(
+            "/v1/chat/completions",
+            json={
+                "messages": USER,
+                "tools": tools,
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+        )
         message = r.json()["choices"][0]["message"]
     assert fake.calls[0].grammar is not None and fake.calls[0].grammar.startswith("root ::= object")
     assert fake.calls[1].grammar is not None and '"<tool_call>\\n"' in fake.calls[1].grammar
@@ -169,8 +173,13 @@ def test_max_tokens_and_server_n_predict(engine: FakeEngine) -> None:
     with TestClient(create_app(settings(n_predict=8), lambda s: engine)) as c:
         wait_ready(c)
         r = c.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 5}).json()
-        assert (r["choices"][0]["message"]["content"], r["choices"][0]["finish_reason"]) == ("Hello", "length")
-        r = c.post("/v1/chat/completions", json={"messages": USER, "max_completion_tokens": 100}).json()
+        assert (r["choices"][0]["message"]["content"], r["choices"][0]["finish_reason"]) == (
+            "Hello",
+            "length",
+        )
+        r = c.post(
+            "/v1/chat/completions", json={"messages": USER, "max_completion_tokens": 100}
+        ).json()
         assert r["usage"]["completion_tokens"] == 6  # "Again." fits under -n 8
     assert [call.max_tokens for call in engine.calls] == [5, 8]
 
@@ -179,7 +188,9 @@ def test_context_length_exceeded() -> None:
     fake = FakeEngine(info=FakeInfo(n_ctx=40))
     with TestClient(create_app(settings(), lambda s: fake)) as c:
         wait_ready(c)
-        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 100}]})
+        r = c.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 100}]}
+        )
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "context_length_exceeded"
     assert r.json()["error"]["type"] == "invalid_request_error"
@@ -191,8 +202,11 @@ def test_queue_full_gives_503_with_retry_after() -> None:
     with TestClient(create_app(settings(queue_size=0), lambda s: fake)) as c:
         wait_ready(c)
         results: list[int] = []
-        t = threading.Thread(target=lambda: results.append(
-            c.post("/v1/chat/completions", json={"messages": USER}).status_code))
+        t = threading.Thread(
+            target=lambda: results.append(
+                c.post("/v1/chat/completions", json={"messages": USER}).status_code
+            )
+        )
         t.start()
         assert fake.started.wait(5)
         busy = c.post("/v1/chat/completions", json={"messages": USER})
@@ -233,71 +247,66 @@ def test_auth_matrix(engine: FakeEngine, tmp_path: Path) -> None:
             assert r.json()["error"]["type"] == "authentication_error"
         denied = c.post("/v1/chat/completions", json={"messages": USER})
         assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
-        assert c.post("/v1/chat/completions", json={"messages": USER},
-                      headers={"Authorization": "Bearer sk-nope"}).status_code == 401
-        assert c.post("/v1/chat/completions", json={"messages": USER},
-                      headers={"Authorization": "Bearer sk-b"}).status_code == 200
+        assert (
+            c.post(
+                "/v1/chat/completions",
+                json={"messages": USER},
+                headers={"Authorization": "Bearer sk-nope"},
+            ).status_code
+            == 401
+        )
+        assert (
+            c.post(
+                "/v1/chat/completions",
+                json={"messages": USER},
+                headers={"Authorization": "Bearer sk-b"},
+            ).status_code
+            == 200
+        )
         assert c.get("/v1/models", headers={"X-Api-Key": "sk-a"}).status_code == 200
         assert c.get("/health").status_code == 200 and c.get("/v1/health").status_code == 200
-        preflight = c.options("/v1/chat/completions", headers={
-            "Origin": "http://example.com", "Access-Control-Request-Method": "POST"})
+        preflight = c.options(
+            "/v1/chat/completions",
+            headers={"Origin": "http://example.com", "Access-Control-Request-Method": "POST"},
+        )
         assert preflight.status_code == 200
         assert c.get("/").text == "<html>chat</html>"
         assert c.get("/props", headers={"X-Api-Key": "sk-a"}).json()["auth"] == {"enabled": True}
         assert "sk-a" not in c.get("/props", headers={"X-Api-Key": "sk-a"}).text
 
 
-MALFORMED: list[tuple[object, str | None]] = [
-    ("{not json", None),
-    ([1, 2], None),
-    ({}, "messages"),
-    ({"messages": []}, "messages"),
-    ({"messages": "hi"}, "messages"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
-    ({"messages": [{"content": "x"}]}, "messages[0].role"),
-    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,!!"}}]}]},
-     "messages[0].content[0].image_url"),
-    ({"messages": USER, "temperature": "hot"}, "temperature"),
-    ({"messages": USER, "temperature": -1}, "temperature"),
-    ({"messages": USER, "top_p": 1.5}, "top_p"),
-    ({"messages": USER, "max_tokens": 0}, "max_tokens"),
-    ({"messages": USER, "max_tokens": "10"}, "max_tokens"),
-    ({"messages": USER, "stream": "yes"}, "stream"),
-    ({"messages": USER, "stop": 7}, "stop"),
-    ({"messages": USER, "seed": 1.5}, "seed"),
-    ({"messages": USER, "n": 2}, "n"),
-    ({"messages": USER, "tools": {"type": "function"}}, "tools"),
-    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
-    ({"messages": USER, "tool_choice": "required"}, "tool_choice"),
-    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}],
-      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
-    ({"messages": USER, "response_format": {"type": "xml"}}, "response_format.type"),
-    ({"messages": USER, "response_format": {"type": "json_schema"}}, "response_format"),
-    ({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"schema": {"$ref": "http://x"}}}},
-     "response_format"),
-    ({"messages": USER, "chat_template_kwargs": {"enable_thinking": "true"}}, "chat_template_kwargs.enable_thinking"),
-    ({"messages": USER, "chat_template_kwargs": []}, "chat_template_kwargs"),
-    ({"messages": USER, "reasoning_budget_tokens": -5}, "reasoning_budget_tokens"),
-    ({"messages": USER, "reasoning_effort": 3}, "reasoning_effort"),
-    ({"messages": USER, "stream_options": {"include_usage": True}}, "stream_options"),
-]
-
-
-@pytest.mark.parametrize(("body", "param"), MALFORMED)
-def test_malformed_requests_get_400_envelopes(client: TestClient, body: object, param: str | None) -> None:
-    if isinstance(body, str):
-        r = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
-    else:
-        r = client.post("/v1/chat/completions", json=body)
-    assert r.status_code == 400
-    error = r.json()["error"]
-    assert error["type"] == "invalid_request_error"
-    assert error["param"] == param
-    assert error["message"]
-
-
 def test_unknown_route_uses_the_envelope(client: TestClient) -> None:
     r = client.get("/v1/nothing")
     assert r.status_code == 404
     assert r.json()["error"]["type"] == "not_found_error"
+
+
+def test_a_re_rendered_history_is_reused_up_to_the_first_changed_byte() -> None:
+    # A Qwen3-style template drops the thinking of earlier assistant turns, so the second
+    # prompt differs from the session history right after the first assistant header.
+    template = (
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}"
+    )
+    fake = FakeEngine(replies=["plan</think>Answer.", "Fine."])
+    with TestClient(create_app(settings(chat_template=template), lambda s: fake)) as c:
+        wait_ready(c)
+        first = c.post("/v1/chat/completions", json={"messages": USER}).json()
+        assert first["choices"][0]["message"] == {
+            "role": "assistant",
+            "content": "Answer.",
+            "reasoning_content": "plan",
+        }
+        history = USER + [
+            {"role": "assistant", "content": "Answer."},
+            {"role": "user", "content": "ok"},
+        ]
+        second = c.post("/v1/chat/completions", json={"messages": history}).json()
+    first_prompt = "<|user|>Hi<|end|><|assistant|><think>\n"
+    second_prompt = (
+        "<|user|>Hi<|end|><|assistant|>Answer.<|end|><|user|>ok<|end|><|assistant|><think>\n"
+    )
+    assert [call.prompt for call in fake.calls] == [first_prompt, second_prompt]
+    divergence = len("<|user|>Hi<|end|><|assistant|>")
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == divergence
+    assert second["usage"]["prompt_cache_miss_tokens"] == len(second_prompt) - divergence

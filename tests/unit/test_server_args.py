@@ -30,8 +30,21 @@ def gguf(tmp_path: Path) -> str:
 def test_defaults() -> None:
     s = load()
     assert s.engine == EngineSettings()
-    assert (s.host, s.port, s.alias, s.n_predict, s.queue_size, s.verbosity) == ("127.0.0.1", 8080, None, -1, 16, 3)
-    assert (s.ui, s.ui_dir, s.metrics, s.trace, s.api_keys.enabled) == (True, None, False, False, False)
+    assert (s.host, s.port, s.alias, s.n_predict, s.queue_size, s.verbosity) == (
+        "127.0.0.1",
+        8080,
+        None,
+        -1,
+        16,
+        3,
+    )
+    assert (s.ui, s.ui_dir, s.metrics, s.trace, s.api_keys.enabled) == (
+        True,
+        None,
+        False,
+        False,
+        False,
+    )
     assert s.sampling == SamplingParams()
     assert s.chat_template is None and s.chat_template_origin == "gguf"
     assert set(s.sources.values()) == {Source.DEFAULT}
@@ -41,25 +54,92 @@ def test_llama_server_flags_and_aliases(gguf: str, tmp_path: Path) -> None:
     ui = tmp_path / "ui"
     ui.mkdir()
     (ui / "index.html").write_text("<html></html>")
-    s = load("-m", gguf, "-c", "8192", "--predict", "256", "-s", "7", "-t", "4", "-tb", "8", "-b", "512",
-             "-ub", "128", "-fa", "on", "-ngl", "all", "--host", "0.0.0.0", "--port", "18200", "--parallel", "1",
-             "--alias", "kvmem-27b", "-ctk", "q8_0", "-ctv", "q4_0", "--no-webui", "--path", str(ui), "--metrics",
-             "-lv", "4", "--kvmem-budget", "1024", "--kvmem-gen-reserve", "512", "--temp", "0",
-             "--device", "CUDA0", "--split-mode", "none", "--main-gpu", "1", "-ts", "1")
+    s = load(
+        "-m",
+        gguf,
+        "-c",
+        "8192",
+        "--predict",
+        "256",
+        "-s",
+        "7",
+        "-t",
+        "4",
+        "-tb",
+        "8",
+        "-b",
+        "512",
+        "-ub",
+        "128",
+        "-fa",
+        "on",
+        "-ngl",
+        "all",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "18200",
+        "--parallel",
+        "1",
+        "--alias",
+        "kvmem-27b",
+        "-ctk",
+        "q8_0",
+        "-ctv",
+        "q4_0",
+        "--no-webui",
+        "--path",
+        str(ui),
+        "--metrics",
+        "-lv",
+        "4",
+        "--kvmem-budget",
+        "1024",
+        "--kvmem-gen-reserve",
+        "512",
+        "--temp",
+        "0",
+        "--device",
+        "CUDA0",
+        "--split-mode",
+        "none",
+        "--main-gpu",
+        "1",
+        "-ts",
+        "1",
+    )
     assert s.engine == EngineSettings(
-        model_path=gguf, n_ctx=8192, n_batch=512, n_ubatch=128, n_threads=4, n_threads_batch=8, n_gpu_layers=-1,
-        flash_attn=True, kvmem=KVMemConfig(budget=1024, gen_reserve=512), seed=7,
+        model_path=gguf,
+        n_ctx=8192,
+        n_batch=512,
+        n_ubatch=128,
+        n_threads=4,
+        n_threads_batch=8,
+        n_gpu_layers=-1,
+        flash_attn=True,
+        kvmem=KVMemConfig(budget=1024, gen_reserve=512),
+        seed=7,
         cache_types=s.engine.cache_types,
     )
     assert (s.engine.cache_types.k, s.engine.cache_types.v) == (GgmlType.Q8_0, GgmlType.Q4_0)
     assert (s.host, s.port, s.alias, s.n_predict, s.ui, s.ui_dir, s.metrics, s.verbosity) == (
-        "0.0.0.0", 18200, "kvmem-27b", 256, False, str(ui), True, 4)
+        "0.0.0.0",
+        18200,
+        "kvmem-27b",
+        256,
+        False,
+        str(ui),
+        True,
+        4,
+    )
     assert (s.devices, s.split_mode, s.main_gpu, s.tensor_split) == (("CUDA0",), "none", 1, (1.0,))
     assert s.sampling.temperature == 0.0 and s.sampling.seed == 7
     assert s.sources["ctx_size"] is Source.CLI and s.sources["port"] is Source.CLI
 
 
-def test_help_and_usage_list_every_flag_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_and_usage_list_every_flag_with_its_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     for flag in ("--help", "--usage", "-h"):
         with pytest.raises(SystemExit) as exit_info:
             build_server_parser().parse_args([flag])
@@ -99,40 +179,69 @@ def test_gpu_layers_and_flash_attn_values() -> None:
 @pytest.mark.parametrize(
     ("argv", "flag"),
     [
-        (["-c", "0"], "--ctx-size"), (["-c", "-5"], "--ctx-size"), (["-c", "4k"], "--ctx-size"),
-        (["-n", "0"], "--n-predict"), (["-n", "-2"], "--n-predict"), (["-n", "1.5"], "--n-predict"),
-        (["-s", "-2"], "--seed"), (["-s", "1.5"], "--seed"),
-        (["-t", "0"], "--threads"), (["-tb", "-5"], "--threads-batch"),
-        (["-b", "0"], "--batch-size"), (["-ub", "x"], "--ubatch-size"),
-        (["-fa", "maybe"], "--flash-attn"), (["-ngl", "-3"], "--gpu-layers"), (["-ngl", "lots"], "--gpu-layers"),
-        (["--port", "0"], "--port"), (["--port", "70000"], "--port"), (["--port", ""], "--port"),
-        (["--parallel", "2"], "--parallel"), (["--parallel", "0"], "--parallel"),
-        (["--queue-size", "-1"], "--queue-size"), (["--image-max-tokens", "0"], "--image-max-tokens"),
-        (["-lv", "6"], "--verbosity"), (["-lv", "-1"], "--verbosity"),
-        (["--reasoning-budget", "-2"], "--reasoning-budget"), (["--reasoning-effort", "extreme"], "--reasoning-effort"),
+        (["-c", "0"], "--ctx-size"),
+        (["-c", "-5"], "--ctx-size"),
+        (["-c", "4k"], "--ctx-size"),
+        (["-n", "0"], "--n-predict"),
+        (["-n", "-2"], "--n-predict"),
+        (["-n", "1.5"], "--n-predict"),
+        (["-s", "-2"], "--seed"),
+        (["-s", "1.5"], "--seed"),
+        (["-t", "0"], "--threads"),
+        (["-tb", "-5"], "--threads-batch"),
+        (["-b", "0"], "--batch-size"),
+        (["-ub", "x"], "--ubatch-size"),
+        (["-fa", "maybe"], "--flash-attn"),
+        (["-ngl", "-3"], "--gpu-layers"),
+        (["-ngl", "lots"], "--gpu-layers"),
+        (["--port", "0"], "--port"),
+        (["--port", "70000"], "--port"),
+        (["--port", ""], "--port"),
+        (["--parallel", "2"], "--parallel"),
+        (["--parallel", "0"], "--parallel"),
+        (["--queue-size", "-1"], "--queue-size"),
+        (["--image-max-tokens", "0"], "--image-max-tokens"),
+        (["-lv", "6"], "--verbosity"),
+        (["-lv", "-1"], "--verbosity"),
+        (["--reasoning-budget", "-2"], "--reasoning-budget"),
+        (["--reasoning-effort", "extreme"], "--reasoning-effort"),
         (["--reasoning", "sometimes"], "--reasoning"),
         (["--chat-template-kwargs", "[1]"], "--chat-template-kwargs"),
         (["--chat-template-kwargs", "{bad"], "--chat-template-kwargs"),
         (["--chat-template-kwargs", '{"enable_thinking": "yes"}'], "--chat-template-kwargs"),
         (["--chat-template", "no-such-template"], "--chat-template"),
         (["--chat-template", "{% if %}"], "--chat-template"),
-        (["-ctk", "q8_0"], "-ctk/-ctv"), (["-ctk", "q9_0"], "-ctk"), (["--kv-dtype", "bf16"], "--kv-dtype"),
-        (["-ctk", "f16", "-ctv", "q8_0"], "-ctk/-ctv"), (["--kv-dtype", "q8_0", "-fa", "off"], "-ctv"),
-        (["--kvmem-budget", "0"], "--kvmem-budget"), (["--kvmem-block-tokens", "100"], "--kvmem-block-tokens"),
+        (["-ctk", "q8_0"], "-ctk/-ctv"),
+        (["-ctk", "q9_0"], "-ctk"),
+        (["--kv-dtype", "bf16"], "--kv-dtype"),
+        (["-ctk", "f16", "-ctv", "q8_0"], "-ctk/-ctv"),
+        (["--kv-dtype", "q8_0", "-fa", "off"], "-ctv"),
+        (["--kvmem-budget", "0"], "--kvmem-budget"),
+        (["--kvmem-block-tokens", "100"], "--kvmem-block-tokens"),
         (["--kvmem-gen-reserve", "abc"], "--kvmem-gen-reserve"),
-        (["--device", "CUDA0,CUDA1"], "--device"), (["--split-mode", "row"], "--split-mode"),
-        (["--split-mode", "tensor"], "--split-mode"), (["--split-mode", "diagonal"], "--split-mode"),
-        (["--tensor-split", "3,1"], "--tensor-split"), (["--tensor-split", "a,b"], "--tensor-split"),
+        (["--device", "CUDA0,CUDA1"], "--device"),
+        (["--split-mode", "row"], "--split-mode"),
+        (["--split-mode", "tensor"], "--split-mode"),
+        (["--split-mode", "diagonal"], "--split-mode"),
+        (["--tensor-split", "3,1"], "--tensor-split"),
+        (["--tensor-split", "a,b"], "--tensor-split"),
         (["--main-gpu", "-1"], "--main-gpu"),
-        (["-m", "/nonexistent/model.gguf"], "--model"), (["--mmproj", "/nonexistent/mm.gguf"], "--mmproj"),
+        (["-m", "/nonexistent/model.gguf"], "--model"),
+        (["--mmproj", "/nonexistent/mm.gguf"], "--mmproj"),
         (["--chat-template-file", "/nonexistent/t.jinja"], "--chat-template-file"),
         (["--ui-dir", "/nonexistent"], "--ui-dir"),
-        (["--api-key", ""], "--api-key"), (["--api-key", '"unterminated'], "--api-key"),
-        (["--api-key", "has space"], "--api-key"), (["--api-key", "a,,b"], "--api-key"),
+        (["--api-key", ""], "--api-key"),
+        (["--api-key", '"unterminated'], "--api-key"),
+        (["--api-key", "has space"], "--api-key"),
+        (["--api-key", "a,,b"], "--api-key"),
         (["--api-key-file", "/nonexistent/keys.txt"], "--api-key-file"),
-        (["--temp", "-1"], "--temp"), (["--top-p", "1.5"], "--top-p"), (["--min-p", "nan"], "--min-p"),
-        (["--top-k", "-1"], "--top-k"), (["--presence-penalty", "3"], "--presence-penalty"),
-        (["--bogus-flag"], "--bogus-flag"), (["-c"], "--ctx-size"),
+        (["--temp", "-1"], "--temp"),
+        (["--top-p", "1.5"], "--top-p"),
+        (["--min-p", "nan"], "--min-p"),
+        (["--top-k", "-1"], "--top-k"),
+        (["--presence-penalty", "3"], "--presence-penalty"),
+        (["--bogus-flag"], "--bogus-flag"),
+        (["-c"], "--ctx-size"),
     ],
 )
 def test_every_flag_rejects_invalid_values(argv: list[str], flag: str) -> None:
@@ -158,14 +267,27 @@ def test_file_checks(tmp_path: Path, gguf: str) -> None:
         load("--chat-template", "chatml", "--chat-template-file", str(good))
     settings, warnings = load_server_settings(["--mmproj", gguf], {})
     assert settings.mmproj == gguf
-    assert warnings == ["--mmproj: the engine has no vision support yet; requests with images will be rejected"]
+    assert warnings == [
+        "--mmproj: the engine has no vision support yet; requests with images will be rejected"
+    ]
 
 
 def test_thinking_flags_become_template_defaults() -> None:
-    s = load("--enable-thinking", "--reasoning-effort", "low", "--reasoning-budget", "4096",
-             "--chat-template-kwargs", '{"custom": 1}')
-    assert (dict(s.thinking.template_kwargs), s.thinking.reasoning_effort, s.thinking.enable_thinking,
-            s.thinking.reasoning_budget) == ({"custom": 1}, "low", True, 4096)
+    s = load(
+        "--enable-thinking",
+        "--reasoning-effort",
+        "low",
+        "--reasoning-budget",
+        "4096",
+        "--chat-template-kwargs",
+        '{"custom": 1}',
+    )
+    assert (
+        dict(s.thinking.template_kwargs),
+        s.thinking.reasoning_effort,
+        s.thinking.enable_thinking,
+        s.thinking.reasoning_budget,
+    ) == ({"custom": 1}, "low", True, 4096)
     s = load("--enable-thinking", "--reasoning", "off", "--reasoning-effort", "default")
     assert (s.thinking.enable_thinking, s.thinking.reasoning_effort) == (False, None)
 

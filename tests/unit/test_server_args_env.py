@@ -15,7 +15,11 @@ def test_precedence_cli_over_env_over_default() -> None:
     env = {"LLAMA_ARG_CTX_SIZE": "4096", "LLAMA_ARG_PORT": "9001", "LLAMA_ARG_N_PREDICT": "64"}
     s, _ = load_server_settings(["--port", "9100"], env)
     assert (s.engine.n_ctx, s.port, s.n_predict, s.engine.n_batch) == (4096, 9100, 64, 2048)
-    assert (s.sources["ctx_size"], s.sources["port"], s.sources["batch_size"]) == (Source.ENV, Source.CLI, Source.DEFAULT)
+    assert (s.sources["ctx_size"], s.sources["port"], s.sources["batch_size"]) == (
+        Source.ENV,
+        Source.CLI,
+        Source.DEFAULT,
+    )
 
 
 def test_env_values_are_validated_even_when_the_cli_overrides_them() -> None:
@@ -27,11 +31,20 @@ def test_env_values_are_validated_even_when_the_cli_overrides_them() -> None:
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("LLAMA_ARG_CTX_SIZE", "0"), ("LLAMA_ARG_N_PREDICT", "0"), ("LLAMA_ARG_PORT", "99999"),
-        ("LLAMA_ARG_N_PARALLEL", "x"), ("LLAMA_ARG_FLASH_ATTN", "sometimes"), ("LLAMA_ARG_N_GPU_LAYERS", "-9"),
-        ("LLAMA_ARG_UI", "maybe"), ("LLAMA_ARG_ENDPOINT_METRICS", "2"), ("LLAMA_ARG_LOG_VERBOSITY", "9"),
-        ("LLAMA_ARG_CHAT_TEMPLATE_KWARGS", "nope"), ("LLAMA_ARG_THINK_BUDGET", "-3"),
-        ("LLAMA_ARG_CACHE_TYPE_K", "q3_k"), ("LLAMA_ARG_TOP_P", "2"), ("LLAMA_ARG_SPLIT_MODE", "row,layer"),
+        ("LLAMA_ARG_CTX_SIZE", "0"),
+        ("LLAMA_ARG_N_PREDICT", "0"),
+        ("LLAMA_ARG_PORT", "99999"),
+        ("LLAMA_ARG_N_PARALLEL", "x"),
+        ("LLAMA_ARG_FLASH_ATTN", "sometimes"),
+        ("LLAMA_ARG_N_GPU_LAYERS", "-9"),
+        ("LLAMA_ARG_UI", "maybe"),
+        ("LLAMA_ARG_ENDPOINT_METRICS", "2"),
+        ("LLAMA_ARG_LOG_VERBOSITY", "9"),
+        ("LLAMA_ARG_CHAT_TEMPLATE_KWARGS", "nope"),
+        ("LLAMA_ARG_THINK_BUDGET", "-3"),
+        ("LLAMA_ARG_CACHE_TYPE_K", "q3_k"),
+        ("LLAMA_ARG_TOP_P", "2"),
+        ("LLAMA_ARG_SPLIT_MODE", "row,layer"),
     ],
 )
 def test_invalid_env_values_fail_naming_the_variable(name: str, value: str) -> None:
@@ -42,8 +55,16 @@ def test_invalid_env_values_fail_naming_the_variable(name: str, value: str) -> N
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("1", True), ("0", False), ("true", True), ("FALSE", False), ("on", True), ("Off", False),
-     ("yes", True), ("no", False)],
+    [
+        ("1", True),
+        ("0", False),
+        ("true", True),
+        ("FALSE", False),
+        ("on", True),
+        ("Off", False),
+        ("yes", True),
+        ("no", False),
+    ],
 )
 def test_boolean_env_values(value: str, expected: bool) -> None:
     s, _ = load_server_settings([], {"LLAMA_ARG_ENDPOINT_METRICS": value, "LLAMA_ARG_UI": value})
@@ -67,8 +88,15 @@ def test_unknown_llama_arg_names_warn_without_values() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["LLAMA_ARG_SSL_KEY_FILE", "LLAMA_ARG_SSL_CERT_FILE", "LLAMA_ARG_API_KEY", "LLAMA_API_KEY_FILE",
-             "LLAMA_ARG_API_KEYS", "LLAMA_ARG_TLS_CERT"],
+    "name",
+    [
+        "LLAMA_ARG_SSL_KEY_FILE",
+        "LLAMA_ARG_SSL_CERT_FILE",
+        "LLAMA_ARG_API_KEY",
+        "LLAMA_API_KEY_FILE",
+        "LLAMA_ARG_API_KEYS",
+        "LLAMA_ARG_TLS_CERT",
+    ],
 )
 def test_unsupported_key_and_tls_names_fail_startup(name: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -83,8 +111,18 @@ def test_env_keys_add_to_cli_keys(tmp_path: Path) -> None:
     cli_file = tmp_path / "cli.txt"
     cli_file.write_text("sk-cli-file\n")
     env = {"LLAMA_API_KEY": "sk-env-1,sk-env-2", "LLAMA_ARG_API_KEY_FILE": str(key_file)}
-    s, _ = load_server_settings(["--api-key", "sk-cli", "--api-key", "sk-cli-2", "--api-key-file", str(cli_file)], env)
-    assert s.api_keys.keys == ("sk-env-1", "sk-env-2", "sk-cli", "sk-cli-2", "sk-file-1", "sk-file-2", "sk-cli-file")
+    s, _ = load_server_settings(
+        ["--api-key", "sk-cli", "--api-key", "sk-cli-2", "--api-key-file", str(cli_file)], env
+    )
+    assert s.api_keys.keys == (
+        "sk-env-1",
+        "sk-env-2",
+        "sk-cli",
+        "sk-cli-2",
+        "sk-file-1",
+        "sk-file-2",
+        "sk-cli-file",
+    )
     assert "sk-" not in repr(s) and "sk-" not in repr(s.api_keys)
 
 

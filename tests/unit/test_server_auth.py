@@ -51,8 +51,12 @@ def test_key_file_comments_blank_lines_crlf(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(b"", "holds no keys"), (b"# only a comment\n\n", "holds no keys"), (b"bad key\n", "line 1"),
-     (b"\xff\xfe", "not UTF-8")],
+    [
+        (b"", "holds no keys"),
+        (b"# only a comment\n\n", "holds no keys"),
+        (b"bad key\n", "line 1"),
+        (b"\xff\xfe", "not UTF-8"),
+    ],
 )
 def test_bad_key_files(tmp_path: Path, content: bytes, message: str) -> None:
     path = tmp_path / "keys.txt"

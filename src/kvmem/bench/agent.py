@@ -1,0 +1,225 @@
+"""`kvmem-bench agent`: LongMemEval-style memory questions over a long conversation.
+
+Each episode's history is processed once per method; its questions are then asked one
+after another as the final user turn (the session reuses the history and drops the
+previous question). Methods: full context, KVMem retrieval and recency at the budget,
+and the "last N tokens only" baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvmem.bench.agent_data import Episode, Question, QuestionType, build_episode, is_correct
+from kvmem.bench.conversation import (
+    Message,
+    PromptRenderer,
+    Role,
+    last_tokens_only,
+    make_renderer,
+)
+from kvmem.bench.engines import (
+    BenchEngine,
+    EngineFactory,
+    LlamaEngineFactory,
+    Method,
+    add_engine_arguments,
+    ask,
+    parse_methods,
+    settings_from_args,
+)
+from kvmem.bench.report import format_table, fraction, machine_description, write_json
+from kvmem.cli.kvmem_flags import strict_int
+from kvmem.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_METHODS = (Method.FULL, Method.RETRIEVAL, Method.RECENCY, Method.LAST_N)
+
+
+@dataclass(slots=True)
+class AgentResult:
+    method: Method
+    episode: int
+    qtype: QuestionType
+    question: str
+    expected: tuple[str, ...]
+    answer: str
+    correct: bool
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_ms: float
+    stage_in_blocks: int
+    profile: dict[str, float] = field(default_factory=dict)
+
+
+def build_episodes(engine: BenchEngine, seeds: Sequence[int], target_tokens: int) -> list[Episode]:
+    cache: dict[str, int] = {}
+
+    def count(text: str) -> int:
+        n = cache.get(text)
+        if n is None:
+            n = cache[text] = len(engine.tokenize(text, parse_special=False))
+        return n
+
+    return [build_episode(seed, target_tokens, count) for seed in seeds]
+
+
+def run_agent(
+    factory: EngineFactory,
+    methods: Sequence[Method],
+    seeds: Sequence[int],
+    target_tokens: int,
+    last_n: int,
+    max_tokens: int,
+) -> list[AgentResult]:
+    results: list[AgentResult] = []
+    episodes: list[Episode] | None = None
+    for method in methods:
+        engine = factory.open(Method.FULL if method is Method.LAST_N else method)
+        try:
+            if episodes is None:
+                episodes = build_episodes(engine, seeds, target_tokens)
+            renderer = make_renderer(engine)
+            for episode in episodes:
+                engine.reset()
+                for question in episode.questions:
+                    results.append(
+                        _ask(engine, renderer, method, episode, question, last_n, max_tokens)
+                    )
+        finally:
+            engine.close()
+    return results
+
+
+def _ask(
+    engine: BenchEngine,
+    renderer: PromptRenderer,
+    method: Method,
+    episode: Episode,
+    question: Question,
+    last_n: int,
+    max_tokens: int,
+) -> AgentResult:
+    messages = episode.history + [Message(Role.USER, question.text)]
+    prompt = renderer.render(messages, answer_prefix=question.answer_prefix)
+    if method is Method.LAST_N:
+        prompt = last_tokens_only(prompt, last_n)
+    answer = ask(engine, prompt, max_tokens)
+    result = AgentResult(
+        method=method,
+        episode=episode.seed,
+        qtype=question.qtype,
+        question=question.text,
+        expected=question.expected,
+        answer=answer.text,
+        correct=is_correct(answer.text, question),
+        prompt_tokens=answer.prompt_tokens,
+        cached_tokens=answer.cached_tokens,
+        prefill_ms=answer.prefill_ms,
+        stage_in_blocks=answer.stage_in_blocks,
+        profile=answer.profile,
+    )
+    logger.info(
+        "%s episode %d %s: %s %r",
+        method.value,
+        episode.seed,
+        question.text,
+        result.correct,
+        answer.text,
+    )
+    return result
+
+
+def accuracy(results: Sequence[AgentResult]) -> dict[str, dict[str, float | int | None]]:
+    """Per method: accuracy per question type and overall, with counts."""
+    out: dict[str, dict[str, float | int | None]] = {}
+    for method in dict.fromkeys(r.method for r in results):
+        mine = [r for r in results if r.method is method]
+        row: dict[str, float | int | None] = {}
+        for qtype in QuestionType:
+            typed = [r for r in mine if r.qtype is qtype]
+            row[qtype.value] = fraction(sum(r.correct for r in typed), len(typed))
+        row["all"] = fraction(sum(r.correct for r in mine), len(mine))
+        row["correct"] = sum(r.correct for r in mine)
+        row["total"] = len(mine)
+        out[method.value] = row
+    return out
+
+
+def table(results: Sequence[AgentResult]) -> str:
+    acc = accuracy(results)
+    rows = [
+        [m] + [v[q.value] for q in QuestionType] + [v["all"], f"{v['correct']}/{v['total']}"]
+        for m, v in acc.items()
+    ]
+    return format_table(
+        ["method"] + [q.value for q in QuestionType] + ["all", "correct"],
+        rows,
+        "agent memory accuracy by question type",
+    )
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("agent", help="LongMemEval-style synthetic memory accuracy")
+    add_engine_arguments(p, DEFAULT_METHODS)
+    p.add_argument("--episodes", type=strict_int, default=3, help="episodes (seeds 0..N-1)")
+    p.add_argument(
+        "--target-tokens",
+        type=strict_int,
+        default=None,
+        help="history length per episode (default: -c minus 512)",
+    )
+    p.add_argument("--max-tokens", type=strict_int, default=16)
+    p.add_argument(
+        "--last-n",
+        type=strict_int,
+        default=None,
+        help="tokens the lastn baseline sees (default: --kvmem-budget)",
+    )
+    p.set_defaults(handler=run)
+
+
+def run(ns: argparse.Namespace) -> int:
+    settings = settings_from_args(ns)
+    methods = parse_methods(ns.methods)
+    target = ns.target_tokens or settings.n_ctx - 512
+    if target + 128 >= settings.n_ctx:
+        raise ConfigError(
+            "--target-tokens", f"{target} leaves no room for questions in -c {settings.n_ctx}"
+        )
+    if ns.episodes <= 0:
+        raise ConfigError("--episodes", "must be positive")
+    last_n = ns.last_n or settings.kvmem.budget
+    t0 = time.perf_counter()
+    results = run_agent(
+        LlamaEngineFactory(settings),
+        methods,
+        list(range(ns.episodes)),
+        target,
+        last_n,
+        ns.max_tokens,
+    )
+    print(table(results))
+    payload = {
+        "command": "agent",
+        "settings": settings.describe()
+        | {
+            "target_tokens": target,
+            "last_n": last_n,
+            "episodes": ns.episodes,
+            "max_tokens": ns.max_tokens,
+        },
+        "machine": machine_description(),
+        "accuracy": accuracy(results),
+        "results": results,
+        "seconds": time.perf_counter() - t0,
+    }
+    path = write_json(ns.out, "agent.json", payload)
+    if path is not None:
+        print(f"\nwrote {path}")
+    return 0

@@ -1,0 +1,209 @@
+"""Benchmark conversations and their rendering to tokens, with the retrieval query span.
+
+With a real model the benchmarks render through the chat layer, exactly as kvmem-server
+does (`TemplateRenderer`: the GGUF's Jinja template, the whole prompt tokenized in one
+piece, the query = the last user message). `ChatMLRenderer` renders ChatML message by
+message; the unit tests use it with fake engines that have no template.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol
+
+from kvmem.chat.messages import normalize_messages
+from kvmem.chat.prompt import build_prompt_tokens
+from kvmem.chat.template import ChatTemplate
+from kvmem.engine import TokenSpan
+
+
+class Role(Enum):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Role
+    content: str
+
+
+@dataclass(slots=True)
+class RenderedPrompt:
+    """Prompt tokens, the span of the last user message's content, and per-message spans."""
+
+    tokens: list[int]
+    query: TokenSpan | None
+    message_spans: list[TokenSpan] = field(default_factory=list)  # content span of each message
+    system_end: int = 0  # tokens up to the end of a leading system message (0: none)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Tokenizer(Protocol):
+    def tokenize(
+        self, text: str, *, add_special: bool = False, parse_special: bool = True
+    ) -> list[int]: ...
+
+
+class PromptRenderer(Protocol):
+    def render(
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool = True,
+        answer_prefix: str = "",
+    ) -> RenderedPrompt: ...
+
+    def reply_tokens(
+        self, messages: Sequence[Message], reply: str, prompt: RenderedPrompt
+    ) -> list[int]:
+        """The tokens of assistant `reply` to `prompt` (= render(messages)), through its end
+        marker, as the next turn's prompt will hold them."""
+        ...
+
+
+class ChatMLRenderer:
+    """ChatML, tokenized message by message (content without special-token parsing)."""
+
+    def __init__(self, tokenizer: Tokenizer, bos_token: int | None = None) -> None:
+        self._tok = tokenizer
+        self._bos = bos_token
+        self._cache: dict[tuple[Role, str], tuple[list[int], list[int]]] = {}
+        self._footer = tokenizer.tokenize("<|im_end|>\n", parse_special=True)
+        self._gen_header = tokenizer.tokenize("<|im_start|>assistant\n", parse_special=True)
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool = True,
+        answer_prefix: str = "",
+    ) -> RenderedPrompt:
+        """Render `messages`; with a generation prompt, `answer_prefix` starts the reply."""
+        tokens: list[int] = [self._bos] if self._bos is not None else []
+        spans: list[TokenSpan] = []
+        query: TokenSpan | None = None
+        system_end = 0
+        for message in messages:
+            header, content = self._message_tokens(message)
+            tokens += header
+            span = TokenSpan(len(tokens), len(tokens) + len(content))
+            tokens += content
+            tokens += self._footer
+            spans.append(span)
+            if message.role is Role.SYSTEM and len(spans) == 1:
+                system_end = len(tokens)
+            if message.role is Role.USER:
+                query = span
+        if add_generation_prompt:
+            tokens += self._gen_header
+            if answer_prefix:
+                tokens += self._tok.tokenize(answer_prefix, parse_special=False)
+        return RenderedPrompt(
+            tokens=tokens, query=query, message_spans=spans, system_end=system_end
+        )
+
+    def reply_tokens(
+        self, messages: Sequence[Message], reply: str, prompt: RenderedPrompt
+    ) -> list[int]:
+        return self._tok.tokenize(reply, parse_special=False) + self._footer[:1]
+
+    def _message_tokens(self, message: Message) -> tuple[list[int], list[int]]:
+        key = (message.role, message.content)
+        cached = self._cache.get(key)
+        if cached is None:
+            header = self._tok.tokenize(f"<|im_start|>{message.role.value}\n", parse_special=True)
+            content = self._tok.tokenize(message.content, parse_special=False)
+            cached = (header, content)
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[key] = cached
+        return cached
+
+
+def last_tokens_only(prompt: RenderedPrompt, n_keep: int) -> RenderedPrompt:
+    """The "last N tokens" baseline: the system prompt plus the last tokens of the prompt,
+    `n_keep` in all, with the query span moved along (clipped when it starts before the
+    kept tail)."""
+    if len(prompt.tokens) <= n_keep:
+        return prompt
+    n_head = min(prompt.system_end, n_keep // 2)
+    n_tail = n_keep - n_head
+    cut = len(prompt.tokens) - n_tail
+    tokens = prompt.tokens[:n_head] + prompt.tokens[cut:]
+    query = None
+    if prompt.query is not None and prompt.query.end > cut:
+        shift = cut - n_head
+        query = TokenSpan(max(prompt.query.start, cut) - shift, prompt.query.end - shift)
+    return RenderedPrompt(tokens=tokens, query=query, message_spans=[], system_end=n_head)
+
+
+class TemplateRenderer:
+    """The chat layer's rendering with the model's own template, as kvmem-server does it."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._template = ChatTemplate.from_engine_info(engine.info)
+        end = engine.tokenize("<|im_end|>", parse_special=True)
+        self._end_token = end[0] if len(end) == 1 else engine.info.eos_token_id
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool = True,
+        answer_prefix: str = "",
+    ) -> RenderedPrompt:
+        dicts = _dicts(messages)
+        if add_generation_prompt:
+            built = build_prompt_tokens(self._engine, self._template, dicts)
+            tokens, query = built.tokens, built.query
+        else:
+            tokens, query = (
+                self._tokens(self._template.render(dicts, add_generation_prompt=False)),
+                None,
+            )
+        if answer_prefix:
+            tokens = tokens + self._engine.tokenize(answer_prefix, parse_special=False)
+        system_end = 0
+        if messages and messages[0].role is Role.SYSTEM:
+            head = self._tokens(self._template.render(dicts[:1], add_generation_prompt=False))
+            if tokens[: len(head)] == head:
+                system_end = len(head)
+        return RenderedPrompt(tokens=tokens, query=query, system_end=system_end)
+
+    def reply_tokens(
+        self, messages: Sequence[Message], reply: str, prompt: RenderedPrompt
+    ) -> list[int]:
+        dicts = _dicts([*messages, Message(Role.ASSISTANT, reply)])
+        full = self._tokens(self._template.render(dicts, add_generation_prompt=False))
+        n = len(prompt.tokens)
+        if full[:n] == prompt.tokens and self._end_token in full[n:]:
+            tail = full[n:]
+            return tail[: tail.index(self._end_token) + 1]
+        return self._engine.tokenize(reply, parse_special=False) + [self._end_token]
+
+    def _tokens(self, text: str) -> list[int]:
+        info = self._engine.info
+        head = [info.bos_token_id] if info.add_bos else []
+        if info.add_bos and info.bos_text and text.startswith(info.bos_text):
+            text = text[len(info.bos_text) :]
+        return head + self._engine.tokenize(text, add_special=False, parse_special=True)
+
+
+def _dicts(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    return normalize_messages([{"role": m.role.value, "content": m.content} for m in messages])
+
+
+def make_renderer(engine: Any) -> PromptRenderer:
+    """The chat layer's renderer when the engine has a chat template, else ChatML."""
+    if isinstance(getattr(engine.info, "chat_template", None), str):
+        return TemplateRenderer(engine)
+    bos = engine.info.bos_token_id if engine.info.add_bos else None
+    return ChatMLRenderer(engine, bos)

@@ -1,0 +1,307 @@
+"""`kvmem-bench decode-sweep`: decode and prefill tok/s against the logical context.
+
+For every logical context L and configuration: fill the context with L - G random tokens
+(timing the prefill), then decode G tokens greedily (timing the decode). Configurations:
+`stock` (plain llama.cpp, full context of L), `kvmem` (KVMem with the budget, logical
+context L) and optionally `offload` (plain llama.cpp with the KV cache in host memory,
+offload_kqv=False). Stock is also measured at the window size (the budget), and every
+decode rate is printed as a ratio against that figure from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from kvmem.bench.engines import GREEDY, BenchEngine, turn_profile
+from kvmem.bench.report import format_table, machine_description, write_json
+from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
+from kvmem.config import KVCacheTypes, KVMemConfig
+from kvmem.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_FIRST_TOKEN = 100  # random prompt tokens are drawn from [_FIRST_TOKEN, n_vocab)
+
+
+class SweepConfig(Enum):
+    STOCK = "stock"
+    KVMEM = "kvmem"
+    OFFLOAD = "offload"
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    config: SweepConfig
+    context: int  # logical context reached: prompt + generated tokens
+    window: bool = False  # the stock reference at the window size
+
+
+@dataclass(slots=True)
+class SweepResult:
+    config: SweepConfig
+    context: int
+    window: bool
+    prompt_tokens: int
+    prefill_tok_s: float
+    generated_tokens: int
+    decode_tok_s: float
+    decode_ratio_vs_window: float | None = None
+    prefill_ratio_vs_window: float | None = None
+    stage_in_blocks: int = 0
+    host_store_bytes: int = 0
+    gpu_cells_peak: int = 0
+    profile: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSettings:
+    model_path: str
+    contexts: tuple[int, ...]
+    configs: tuple[SweepConfig, ...]
+    budget: int
+    gen_reserve: int
+    gen_tokens: int
+    cache_types: KVCacheTypes
+    n_batch: int
+    n_ubatch: int
+    n_threads: int | None
+    n_gpu_layers: int
+    seed: int = 0
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "model": self.model_path,
+            "contexts": list(self.contexts),
+            "configs": [c.value for c in self.configs],
+            "budget": self.budget,
+            "gen_reserve": self.gen_reserve,
+            "gen_tokens": self.gen_tokens,
+            "cache_type_k": self.cache_types.k.label,
+            "cache_type_v": self.cache_types.v.label,
+            "n_batch": self.n_batch,
+            "n_ubatch": self.n_ubatch,
+            "threads": self.n_threads,
+            "gpu_layers": self.n_gpu_layers,
+            "seed": self.seed,
+        }
+
+    def points(self) -> list[SweepPoint]:
+        out = [SweepPoint(SweepConfig.STOCK, self.budget, window=True)]
+        out += [SweepPoint(c, n) for c in self.configs for n in self.contexts]
+        return out
+
+
+def random_prompt(n_tokens: int, n_vocab: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(_FIRST_TOKEN, n_vocab, size=n_tokens, dtype=np.int64).tolist()
+
+
+def measure(
+    engine: BenchEngine, prompt: Sequence[int], gen_tokens: int
+) -> tuple[float, int, float]:
+    """(prefill tok/s, generated tokens, decode tok/s) of one generate call, after a short
+    warm-up generation (then forgotten with a reset)."""
+    for _ in engine.generate(prompt[:16], sampling=GREEDY, max_tokens=4):
+        pass
+    engine.reset()
+    generated = 0
+    for _ in engine.generate(prompt, sampling=GREEDY, max_tokens=gen_tokens):
+        generated += 1
+    turn = engine.last_turn
+    prefill = turn.prefill_tokens / (turn.prefill_ms / 1e3) if turn.prefill_ms > 0 else 0.0
+    decode = turn.generated_tokens / (turn.decode_ms / 1e3) if turn.decode_ms > 0 else 0.0
+    return prefill, generated, decode
+
+
+def run_sweep(
+    settings: SweepSettings,
+    open_engine: Callable[[SweepPoint], BenchEngine],
+    progress: Callable[[SweepResult], None] | None = None,
+) -> list[SweepResult]:
+    results = []
+    for point in settings.points():
+        engine = open_engine(point)
+        try:
+            n_prompt = point.context - settings.gen_tokens
+            prompt = random_prompt(n_prompt, engine.info.n_vocab, settings.seed)
+            prefill, generated, decode = measure(engine, prompt, settings.gen_tokens)
+            stats = getattr(engine, "stats", None)
+            result = SweepResult(
+                config=point.config,
+                context=point.context,
+                window=point.window,
+                prompt_tokens=n_prompt,
+                prefill_tok_s=prefill,
+                generated_tokens=generated,
+                decode_tok_s=decode,
+                stage_in_blocks=engine.last_turn.stage_in_blocks,
+                host_store_bytes=getattr(stats, "host_store_bytes", 0),
+                gpu_cells_peak=getattr(stats, "gpu_cells_peak", 0),
+                profile=turn_profile(engine.last_turn),
+            )
+            if generated < settings.gen_tokens:
+                logger.warning(
+                    "%s at %d: generation stopped after %d tokens",
+                    point.config.value,
+                    point.context,
+                    generated,
+                )
+        finally:
+            engine.close()
+        results.append(result)
+        if progress is not None:
+            progress(result)
+    add_ratios(results)
+    return results
+
+
+def add_ratios(results: list[SweepResult]) -> None:
+    ref = next((r for r in results if r.window), None)
+    if ref is None or ref.decode_tok_s <= 0:
+        return
+    for r in results:
+        r.decode_ratio_vs_window = r.decode_tok_s / ref.decode_tok_s
+        r.prefill_ratio_vs_window = (
+            r.prefill_tok_s / ref.prefill_tok_s if ref.prefill_tok_s > 0 else None
+        )
+
+
+def engine_opener(settings: SweepSettings) -> Callable[[SweepPoint], BenchEngine]:
+    from kvmem.engine import Engine, EngineSettings
+
+    def open_engine(point: SweepPoint) -> BenchEngine:
+        kv = KVMemConfig(
+            enabled=point.config is SweepConfig.KVMEM,
+            budget=settings.budget,
+            gen_reserve=settings.gen_reserve,
+        )
+        n_ctx = point.context  # the prompt is context - gen_tokens: generation fills it exactly
+        return Engine(
+            EngineSettings(
+                model_path=settings.model_path,
+                n_ctx=n_ctx,
+                n_batch=settings.n_batch,
+                n_ubatch=settings.n_ubatch,
+                n_threads=settings.n_threads,
+                n_threads_batch=settings.n_threads,
+                n_gpu_layers=settings.n_gpu_layers,
+                flash_attn=True,
+                offload_kqv=point.config is not SweepConfig.OFFLOAD,
+                cache_types=settings.cache_types,
+                kvmem=kv,
+                seed=settings.seed,
+            )
+        )
+
+    return open_engine
+
+
+def table(results: Sequence[SweepResult]) -> str:
+    rows = [
+        [
+            ("stock@window" if r.window else r.config.value),
+            r.context,
+            r.prompt_tokens,
+            r.prefill_tok_s,
+            r.generated_tokens,
+            r.decode_tok_s,
+            r.decode_ratio_vs_window,
+            r.prefill_ratio_vs_window,
+            r.stage_in_blocks,
+        ]
+        for r in results
+    ]
+    return format_table(
+        [
+            "config",
+            "context",
+            "prompt",
+            "prefill tok/s",
+            "gen",
+            "decode tok/s",
+            "decode / stock@window",
+            "prefill / stock@window",
+            "stage-in",
+        ],
+        rows,
+        "decode sweep",
+    )
+
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(flag, f"invalid number list {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise ConfigError(flag, f"needs positive numbers, got {text!r}")
+    return values
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("decode-sweep", help="decode/prefill tok/s vs logical context")
+    p.add_argument(
+        "-m",
+        "--model",
+        required=True,
+        metavar="PATH.gguf",
+        help="model, e.g. one written by `kvmem-bench synth-model`",
+    )
+    p.add_argument("--contexts", default="4096,32768,131072,262144")
+    p.add_argument("--configs", default="stock,kvmem", help="stock,kvmem,offload")
+    p.add_argument("--budget", type=strict_int, default=32768, help="KVMem budget (window size)")
+    p.add_argument("--gen-reserve", type=strict_int, default=4096)
+    p.add_argument("--gen-tokens", type=strict_int, default=128, help="decoded tokens per point")
+    p.add_argument("-t", "--threads", type=strict_int, default=None)
+    p.add_argument("-b", "--batch-size", type=strict_int, default=2048)
+    p.add_argument("-ub", "--ubatch-size", type=strict_int, default=512)
+    p.add_argument("-ngl", "--gpu-layers", type=strict_int, default=-1)
+    p.add_argument("--seed", type=strict_int, default=0)
+    p.add_argument("--out", default=None, metavar="DIR")
+    add_kv_cache_arguments(p)
+    p.set_defaults(handler=run)
+
+
+def run(ns: argparse.Namespace) -> int:
+    try:
+        configs = tuple(SweepConfig(v.strip()) for v in ns.configs.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError("--configs", f"invalid value in {ns.configs!r}") from None
+    settings = SweepSettings(
+        model_path=ns.model,
+        contexts=_int_list(ns.contexts, "--contexts"),
+        configs=configs,
+        budget=ns.budget,
+        gen_reserve=ns.gen_reserve,
+        gen_tokens=ns.gen_tokens,
+        cache_types=cache_types_from_args(ns),
+        n_batch=ns.batch_size,
+        n_ubatch=ns.ubatch_size,
+        n_threads=ns.threads,
+        n_gpu_layers=ns.gpu_layers,
+        seed=ns.seed,
+    )
+    KVMemConfig(budget=settings.budget, gen_reserve=settings.gen_reserve).validate()
+    if min(settings.contexts + (settings.budget,)) <= settings.gen_tokens:
+        raise ConfigError("--gen-tokens", "every context must be larger than --gen-tokens")
+    t0 = time.perf_counter()
+    results = run_sweep(settings, engine_opener(settings), progress=lambda r: logger.info("%s", r))
+    print(table(results))
+    payload = {
+        "command": "decode-sweep",
+        "settings": settings.describe(),
+        "machine": machine_description(),
+        "results": results,
+        "seconds": time.perf_counter() - t0,
+    }
+    path = write_json(ns.out, "decode_sweep.json", payload)
+    if path is not None:
+        print(f"\nwrote {path}")
+    return 0

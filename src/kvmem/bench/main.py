@@ -1,0 +1,60 @@
+"""`kvmem-bench`: benchmarks, evaluations and the synthetic model writer.
+
+Each subcommand prints a table and, with `--out DIR`, writes its JSON (and plots) there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from kvmem.errors import KVMemError
+
+logger = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # The command modules are imported here, not at module level, so that
+    # `kvmem-bench --help` stays cheap and each module's imports stay local.
+    from kvmem.bench import (
+        agent,
+        decode_sweep,
+        fidelity,
+        needle,
+        summarize,
+        synth_cli,
+        tools_bench,
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="kvmem-bench", description="KVMem benchmarks and evaluations."
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)"
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (synth_cli, needle, fidelity, agent, tools_bench, decode_sweep, summarize):
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    level = (
+        logging.WARNING if ns.verbose == 0 else logging.INFO if ns.verbose == 1 else logging.DEBUG
+    )
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(ns.handler(ns))
+    except KVMemError as exc:
+        print(f"kvmem-bench {ns.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

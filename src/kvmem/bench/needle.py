@@ -1,0 +1,317 @@
+"""`kvmem-bench needle`: pass-key recall at several depths and lengths, per method.
+
+Every method answers the same prompts (greedy, at most `--max-tokens` tokens after an
+answer prefix such as "The pass key is"); an answer is correct when the expected digits
+appear in it. The session is reset between cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvmem.bench.conversation import RenderedPrompt, last_tokens_only, make_renderer
+from kvmem.bench.engines import (
+    BenchEngine,
+    EngineFactory,
+    LlamaEngineFactory,
+    Method,
+    add_engine_arguments,
+    ask,
+    parse_methods,
+    settings_from_args,
+)
+from kvmem.bench.needle_data import Layout, NeedleCase, NeedleKind, NeedleSpec, build_case
+from kvmem.bench.report import format_table, fraction, machine_description, write_json
+from kvmem.cli.kvmem_flags import strict_int
+from kvmem.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_METHODS = (Method.FULL, Method.RETRIEVAL, Method.RECENCY)
+
+
+@dataclass(frozen=True, slots=True)
+class NeedleGrid:
+    kinds: tuple[NeedleKind, ...]
+    layouts: tuple[Layout, ...]
+    lengths: tuple[int, ...]
+    depths: tuple[float, ...]
+    seeds: tuple[int, ...]
+
+    def specs(self) -> list[NeedleSpec]:
+        return [
+            NeedleSpec(kind, layout, length, depth, seed)
+            for kind in self.kinds
+            for layout in self.layouts
+            for length in self.lengths
+            for seed in self.seeds
+            for depth in self.depths
+        ]
+
+
+@dataclass(slots=True)
+class NeedleResult:
+    method: Method
+    kind: NeedleKind
+    layout: Layout
+    length: int
+    depth: float
+    seed: int
+    prompt_tokens: int
+    cached_tokens: int  # reused from the previous case's history
+    expected: str
+    answer: str
+    correct: bool
+    prefill_ms: float
+    decode_ms: float
+    stage_in_blocks: int
+    replayed_tokens: int
+    profile: dict[str, float] = field(default_factory=dict)
+
+
+def is_correct(answer: str, expected: str) -> bool:
+    return expected in answer
+
+
+def even_depths(n: int) -> tuple[float, ...]:
+    """n depths spread evenly over [0, 1] (both ends included)."""
+    if n <= 0:
+        raise ConfigError("--depths", f"must be positive, got {n}")
+    if n == 1:
+        return (0.5,)
+    return tuple(round(i / (n - 1), 4) for i in range(n))
+
+
+def build_prompts(
+    specs: Sequence[NeedleSpec], engine: BenchEngine
+) -> list[tuple[NeedleCase, RenderedPrompt]]:
+    renderer = make_renderer(engine)
+    cache: dict[str, int] = {}
+
+    def count(text: str) -> int:
+        n = cache.get(text)
+        if n is None:
+            n = cache[text] = len(engine.tokenize(text, parse_special=False))
+        return n
+
+    out = []
+    for spec in specs:
+        case = build_case(spec, count)
+        out.append((case, renderer.render(case.messages, answer_prefix=case.answer_prefix)))
+    return out
+
+
+def run_needle(
+    factory: EngineFactory,
+    methods: Sequence[Method],
+    specs: Sequence[NeedleSpec],
+    last_n: int,
+    max_tokens: int,
+    progress: Callable[[NeedleResult], None] | None = None,
+    reset_each_case: bool = False,
+) -> list[NeedleResult]:
+    """Ask every case of `specs` with every method, in the order of `specs`.
+
+    Unless `reset_each_case`, the session keeps its history between cases and reuses the
+    common prefix, as a server would: cases of one haystack (same layout, length and
+    seed) differ only from the first needle on, so order them by depth (`NeedleGrid.specs`
+    does) to reprocess as little as possible.
+    """
+    results: list[NeedleResult] = []
+    prompts: list[tuple[NeedleCase, RenderedPrompt]] | None = None
+    for method in methods:
+        engine = factory.open(Method.FULL if method is Method.LAST_N else method)
+        try:
+            if prompts is None:
+                prompts = build_prompts(specs, engine)
+            engine.reset()
+            for case, prompt in prompts:
+                if reset_each_case:
+                    engine.reset()
+                shown = last_tokens_only(prompt, last_n) if method is Method.LAST_N else prompt
+                answer = ask(engine, shown, max_tokens)
+                spec = case.spec
+                result = NeedleResult(
+                    method=method,
+                    kind=spec.kind,
+                    layout=spec.layout,
+                    length=spec.length,
+                    depth=spec.depth,
+                    seed=spec.seed,
+                    prompt_tokens=len(prompt.tokens),
+                    cached_tokens=answer.cached_tokens,
+                    expected=case.expected,
+                    answer=answer.text,
+                    correct=is_correct(answer.text, case.expected),
+                    prefill_ms=answer.prefill_ms,
+                    decode_ms=answer.decode_ms,
+                    stage_in_blocks=answer.stage_in_blocks,
+                    replayed_tokens=answer.replayed_tokens,
+                    profile=answer.profile,
+                )
+                results.append(result)
+                if progress is not None:
+                    progress(result)
+        finally:
+            engine.close()
+    return results
+
+
+Group = tuple[NeedleKind, Layout, int]
+
+
+def accuracy_cells(
+    results: Sequence[NeedleResult],
+) -> dict[tuple[Method, Group, float], tuple[int, int]]:
+    """(method, (kind, layout, length), depth) -> (correct, total)."""
+    cells: dict[tuple[Method, Group, float], list[int]] = defaultdict(lambda: [0, 0])
+    for r in results:
+        cell = cells[(r.method, (r.kind, r.layout, r.length), r.depth)]
+        cell[0] += int(r.correct)
+        cell[1] += 1
+    return {k: (v[0], v[1]) for k, v in cells.items()}
+
+
+def summary(results: Sequence[NeedleResult]) -> dict[str, dict[str, object]]:
+    """Per method: overall accuracy and accuracy by depth."""
+    out: dict[str, dict[str, object]] = {}
+    for method in dict.fromkeys(r.method for r in results):
+        mine = [r for r in results if r.method is method]
+        by_depth: dict[float, list[int]] = defaultdict(lambda: [0, 0])
+        for r in mine:
+            by_depth[r.depth][0] += int(r.correct)
+            by_depth[r.depth][1] += 1
+        out[method.value] = {
+            "correct": sum(r.correct for r in mine),
+            "total": len(mine),
+            "accuracy": fraction(sum(r.correct for r in mine), len(mine)),
+            "by_depth": {f"{d:g}": fraction(c, n) for d, (c, n) in sorted(by_depth.items())},
+        }
+    return out
+
+
+def tables(results: Sequence[NeedleResult]) -> str:
+    cells = accuracy_cells(results)
+    methods = list(dict.fromkeys(r.method for r in results))
+    groups = list(dict.fromkeys((r.kind, r.layout, r.length) for r in results))
+    depths = sorted({r.depth for r in results})
+    parts = []
+    for kind, layout, length in groups:
+        rows = []
+        for depth in depths:
+            row: list[object] = [f"{depth:g}"]
+            for m in methods:
+                c, n = cells.get((m, (kind, layout, length), depth), (0, 0))
+                row.append(f"{c}/{n}" if n else None)
+            rows.append(row)
+        totals: list[object] = ["all"]
+        for m in methods:
+            c = sum(v[0] for k, v in cells.items() if k[0] is m and k[1] == (kind, layout, length))
+            n = sum(v[1] for k, v in cells.items() if k[0] is m and k[1] == (kind, layout, length))
+            totals.append(f"{c}/{n}")
+        rows.append(totals)
+        title = (
+            f"needle {kind.value}, {layout.value} layout, ~{length} tokens: correct/total by depth"
+        )
+        parts.append(format_table(["depth"] + [m.value for m in methods], rows, title))
+    return "\n\n".join(parts)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("needle", help="pass-key recall by depth and length, per method")
+    add_engine_arguments(p, DEFAULT_METHODS)
+    p.add_argument("--kinds", default="passkey", help="passkey,multikey")
+    p.add_argument("--layouts", default="document", help="document,tools")
+    p.add_argument("--lengths", default="6144", help="comma-separated target prompt tokens")
+    p.add_argument("--depths", type=strict_int, default=10, help="number of depths in [0, 1]")
+    p.add_argument("--seeds", type=strict_int, default=3, help="seeds per cell (0..N-1)")
+    p.add_argument("--max-tokens", type=strict_int, default=12)
+    p.add_argument(
+        "--last-n",
+        type=strict_int,
+        default=None,
+        help="tokens the lastn baseline sees (default: --kvmem-budget)",
+    )
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument(
+        "--reset-each-case",
+        action="store_true",
+        help="process every case from scratch (default: reuse the common prefix of consecutive cases)",
+    )
+    p.set_defaults(handler=run)
+
+
+def _enum_list(enum: type, text: str, flag: str) -> tuple:
+    try:
+        return tuple(enum(part.strip()) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(flag, f"invalid value in {text!r}") from None
+
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(flag, f"invalid number list {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise ConfigError(flag, f"needs positive numbers, got {text!r}")
+    return values
+
+
+def run(ns: argparse.Namespace) -> int:
+    settings = settings_from_args(ns)
+    methods = parse_methods(ns.methods)
+    grid = NeedleGrid(
+        kinds=_enum_list(NeedleKind, ns.kinds, "--kinds"),
+        layouts=_enum_list(Layout, ns.layouts, "--layouts"),
+        lengths=_int_list(ns.lengths, "--lengths"),
+        depths=even_depths(ns.depths),
+        seeds=tuple(range(ns.seeds)),
+    )
+    if max(grid.lengths) + ns.max_tokens + 64 > settings.n_ctx:
+        raise ConfigError("--lengths", f"{max(grid.lengths)} tokens do not fit -c {settings.n_ctx}")
+    last_n = ns.last_n or settings.kvmem.budget
+    t0 = time.perf_counter()
+    results = run_needle(
+        LlamaEngineFactory(settings),
+        methods,
+        grid.specs(),
+        last_n,
+        ns.max_tokens,
+        progress=lambda r: logger.info(
+            "%s %s d=%.2f seed=%d: %s %r",
+            r.method.value,
+            r.length,
+            r.depth,
+            r.seed,
+            r.correct,
+            r.answer,
+        ),
+        reset_each_case=ns.reset_each_case,
+    )
+    print(tables(results))
+    plots: list[str] = []
+    if ns.out and not ns.no_plots:
+        from kvmem.bench.heatmap import plot_needle_heatmaps
+
+        plots = [str(p) for p in plot_needle_heatmaps(results, ns.out)]
+    payload = {
+        "command": "needle",
+        "settings": settings.describe()
+        | {"last_n": last_n, "max_tokens": ns.max_tokens, "reset_each_case": ns.reset_each_case},
+        "machine": machine_description(),
+        "grid": grid,
+        "summary": summary(results),
+        "cases": results,
+        "plots": plots,
+        "seconds": time.perf_counter() - t0,
+    }
+    path = write_json(ns.out, "needle.json", payload)
+    if path is not None:
+        print(f"\nwrote {path}" + (f" and {len(plots)} heatmaps" if plots else ""))
+    return 0

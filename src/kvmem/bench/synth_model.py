@@ -1,0 +1,286 @@
+"""Random-weight GGUF models of any Llama shape, for mechanics and speed benchmarks.
+
+The file is written streaming: tensor infos first, then each tensor in row chunks that
+worker threads generate and quantize in parallel while the main thread writes them in
+order, so an 8B shape (~8.5 GB of Q8_0) never sits in memory twice. Every chunk has its
+own RNG stream keyed by (seed, tensor, chunk), so the bytes do not depend on the number
+of threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
+from gguf.quants import quantize
+
+from kvmem.bench.gguf_tokenizer import default_tokenizer_gguf, read_tokenizer
+from kvmem.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+CHUNK_ELEMENTS = 1 << 22  # about 4M weights (16 MB of float32) per generated chunk
+
+
+class Arch(Enum):
+    LLAMA = "llama"
+
+
+class WeightType(Enum):
+    """Storage type of the 2-D weight matrices (norms are always f32)."""
+
+    F32 = "f32"
+    F16 = "f16"
+    Q8_0 = "q8_0"
+
+    @property
+    def ggml(self) -> GGMLQuantizationType:
+        return _GGML_TYPE[self]
+
+    @property
+    def file_type(self) -> LlamaFileType:
+        return _FILE_TYPE[self]
+
+    def row_bytes(self, n_cols: int) -> int:
+        if self is WeightType.Q8_0:
+            return n_cols // 32 * 34
+        return n_cols * (4 if self is WeightType.F32 else 2)
+
+
+_GGML_TYPE = {
+    WeightType.F32: GGMLQuantizationType.F32,
+    WeightType.F16: GGMLQuantizationType.F16,
+    WeightType.Q8_0: GGMLQuantizationType.Q8_0,
+}
+_FILE_TYPE = {
+    WeightType.F32: LlamaFileType.ALL_F32,
+    WeightType.F16: LlamaFileType.MOSTLY_F16,
+    WeightType.Q8_0: LlamaFileType.MOSTLY_Q8_0,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """Hyperparameters of a Llama-architecture model. The defaults are the Llama-3 8B shape."""
+
+    arch: Arch = Arch.LLAMA
+    n_layer: int = 36
+    n_embd: int = 4096
+    n_head: int = 32
+    n_head_kv: int = 8
+    n_ff: int = 14336
+    n_ctx_train: int = 262144
+    rope_base: float = 500000.0
+    rms_eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def validate(self) -> None:
+        for flag, value in (
+            ("--n-layer", self.n_layer),
+            ("--n-embd", self.n_embd),
+            ("--n-head", self.n_head),
+            ("--n-head-kv", self.n_head_kv),
+            ("--n-ff", self.n_ff),
+            ("--n-ctx-train", self.n_ctx_train),
+        ):
+            if value <= 0:
+                raise ConfigError(flag, f"must be a positive number, got {value}")
+        if self.n_embd % self.n_head:
+            raise ConfigError("--n-head", f"{self.n_head} does not divide n_embd {self.n_embd}")
+        if self.n_head % self.n_head_kv:
+            raise ConfigError(
+                "--n-head-kv", f"{self.n_head_kv} does not divide n_head {self.n_head}"
+            )
+        if self.n_embd % 32 or self.n_ff % 32:
+            raise ConfigError("--n-embd/--n-ff", "must be multiples of 32 (the Q8_0 block size)")
+        if self.rope_base <= 0:
+            raise ConfigError("--rope-base", f"must be positive, got {self.rope_base}")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One tensor to write: numpy shape [rows, cols] (cols = ggml ne0, the input dim)."""
+
+    name: str
+    rows: int
+    cols: int
+    is_norm: bool
+
+
+@dataclass(slots=True)
+class SynthResult:
+    path: Path
+    n_vocab: int
+    n_tensors: int
+    n_bytes: int
+    seconds: float
+
+
+def tensor_specs(shape: ModelShape, n_vocab: int) -> list[TensorSpec]:
+    """The tensors of a Llama model, in llama.cpp's naming."""
+    q_dim = shape.n_head * shape.head_dim
+    kv_dim = shape.n_head_kv * shape.head_dim
+    specs = [TensorSpec("token_embd.weight", n_vocab, shape.n_embd, False)]
+    for i in range(shape.n_layer):
+        specs += [
+            TensorSpec(f"blk.{i}.attn_norm.weight", 1, shape.n_embd, True),
+            TensorSpec(f"blk.{i}.attn_q.weight", q_dim, shape.n_embd, False),
+            TensorSpec(f"blk.{i}.attn_k.weight", kv_dim, shape.n_embd, False),
+            TensorSpec(f"blk.{i}.attn_v.weight", kv_dim, shape.n_embd, False),
+            TensorSpec(f"blk.{i}.attn_output.weight", shape.n_embd, q_dim, False),
+            TensorSpec(f"blk.{i}.ffn_norm.weight", 1, shape.n_embd, True),
+            TensorSpec(f"blk.{i}.ffn_gate.weight", shape.n_ff, shape.n_embd, False),
+            TensorSpec(f"blk.{i}.ffn_up.weight", shape.n_ff, shape.n_embd, False),
+            TensorSpec(f"blk.{i}.ffn_down.weight", shape.n_embd, shape.n_ff, False),
+        ]
+    specs += [
+        TensorSpec("output_norm.weight", 1, shape.n_embd, True),
+        TensorSpec("output.weight", n_vocab, shape.n_embd, False),
+    ]
+    return specs
+
+
+def write_synthetic_model(
+    path: Path | str,
+    shape: ModelShape = ModelShape(),
+    weights: WeightType = WeightType.Q8_0,
+    seed: int = 0,
+    tokenizer_gguf: Path | str | None = None,
+    threads: int | None = None,
+) -> SynthResult:
+    """Write a random-weight GGUF model with the tokenizer of `tokenizer_gguf`."""
+    shape.validate()
+    started = time.perf_counter()
+    out = Path(path)
+    source = Path(tokenizer_gguf) if tokenizer_gguf is not None else default_tokenizer_gguf()
+    tokenizer = read_tokenizer(source)
+    n_vocab = tokenizer.n_vocab
+    specs = tensor_specs(shape, n_vocab)
+
+    writer = GGUFWriter(out, shape.arch.value)
+    _add_hparams(writer, shape, weights, n_vocab)
+    tokenizer.write_to(writer)
+    for spec in specs:
+        stored = WeightType.F32 if spec.is_norm else weights
+        writer.add_tensor_info(
+            spec.name,
+            (spec.rows, spec.cols) if not spec.is_norm else (spec.cols,),
+            np.dtype(np.float32),
+            spec.rows * stored.row_bytes(spec.cols),
+            raw_dtype=stored.ggml,
+        )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    assert writer.fout is not None and len(writer.fout) == 1
+    fout = writer.fout[0]
+    workers = threads or os.cpu_count() or 1
+    n_bytes = 0
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for index, spec in enumerate(specs):
+            writer.write_padding(fout, fout.tell())
+            written = _write_tensor(fout, pool, workers, spec, weights, seed, index)
+            writer.write_padding(fout, written)
+            n_bytes += written
+    writer.close()
+    seconds = time.perf_counter() - started
+    logger.info("wrote %s: %d tensors, %.2f GB in %.1f s", out, len(specs), n_bytes / 1e9, seconds)
+    return SynthResult(
+        path=out, n_vocab=n_vocab, n_tensors=len(specs), n_bytes=n_bytes, seconds=seconds
+    )
+
+
+def _add_hparams(writer: GGUFWriter, shape: ModelShape, weights: WeightType, n_vocab: int) -> None:
+    writer.add_name(f"kvmem-synthetic-{shape.arch.value}-{shape.n_layer}L-{shape.n_embd}")
+    writer.add_file_type(int(weights.file_type))
+    writer.add_quantization_version(2)
+    writer.add_vocab_size(n_vocab)
+    writer.add_context_length(shape.n_ctx_train)
+    writer.add_embedding_length(shape.n_embd)
+    writer.add_block_count(shape.n_layer)
+    writer.add_feed_forward_length(shape.n_ff)
+    writer.add_head_count(shape.n_head)
+    writer.add_head_count_kv(shape.n_head_kv)
+    writer.add_rope_dimension_count(shape.head_dim)
+    writer.add_rope_freq_base(shape.rope_base)
+    writer.add_layer_norm_rms_eps(shape.rms_eps)
+
+
+def _write_tensor(
+    fout: BinaryIO,
+    pool: ThreadPoolExecutor,
+    workers: int,
+    spec: TensorSpec,
+    weights: WeightType,
+    seed: int,
+    index: int,
+) -> int:
+    """Generate, convert and write one tensor chunk by chunk; returns its byte count."""
+    if spec.is_norm:
+        ones = np.ones(spec.cols, dtype=np.float32)  # [n_embd]
+        fout.write(ones.tobytes())
+        return ones.nbytes
+    rows_per_chunk = max(1, CHUNK_ELEMENTS // spec.cols)
+    std = float(1.0 / np.sqrt(spec.cols))
+    pending: deque[Future[np.ndarray]] = deque()
+    written = 0
+    for chunk, row0 in enumerate(range(0, spec.rows, rows_per_chunk)):
+        n_rows = min(rows_per_chunk, spec.rows - row0)
+        pending.append(
+            pool.submit(_make_chunk, n_rows, spec.cols, std, weights, seed, index, chunk)
+        )
+        if len(pending) >= 2 * workers:
+            written += _drain_one(fout, pending)
+    while pending:
+        written += _drain_one(fout, pending)
+    return written
+
+
+def _drain_one(fout: BinaryIO, pending: deque[Future[np.ndarray]]) -> int:
+    data = pending.popleft().result()
+    fout.write(memoryview(data).cast("B"))
+    return data.nbytes
+
+
+def _make_chunk(
+    n_rows: int,
+    n_cols: int,
+    std: float,
+    weights: WeightType,
+    seed: int,
+    tensor_index: int,
+    chunk_index: int,
+) -> np.ndarray:
+    rng = np.random.default_rng([seed, tensor_index, chunk_index])
+    values = rng.standard_normal((n_rows, n_cols), dtype=np.float32)  # [n_rows, n_cols]
+    values *= np.float32(std)
+    stored = quantize(values, weights.ggml)  # [n_rows, row_bytes] uint8 or [n_rows, n_cols] float
+    return np.ascontiguousarray(stored)
+
+
+def iter_shapes_summary(shape: ModelShape, n_vocab: int, weights: WeightType) -> Iterator[str]:
+    """Human-readable lines describing the model to be written (for the CLI)."""
+    specs = tensor_specs(shape, n_vocab)
+    total = sum(
+        s.rows * (WeightType.F32 if s.is_norm else weights).row_bytes(s.cols) for s in specs
+    )
+    n_params = sum(s.rows * s.cols for s in specs)
+    yield (
+        f"{shape.arch.value}: {shape.n_layer} layers, n_embd {shape.n_embd}, heads "
+        f"{shape.n_head}/{shape.n_head_kv} (head_dim {shape.head_dim}), n_ff {shape.n_ff}, "
+        f"n_vocab {n_vocab}, n_ctx_train {shape.n_ctx_train}, rope base {shape.rope_base:g}"
+    )
+    yield f"{len(specs)} tensors, {n_params / 1e9:.2f} B parameters, {total / 1e9:.2f} GB as {weights.value}"

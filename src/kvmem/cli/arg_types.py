@@ -1,0 +1,168 @@
+"""Value parsers for llama-server-style flags and their `LLAMA_ARG_*` environment values.
+
+Each parser takes the text of one value and returns the parsed value or raises
+`argparse.ArgumentTypeError` with a message that names the accepted values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+from kvmem.cli.kvmem_flags import strict_float, strict_int
+
+_TRUE = ("1", "true", "on", "yes", "enabled")
+_FALSE = ("0", "false", "off", "no", "disabled")
+
+
+class FlashAttn(Enum):
+    ON = "on"
+    OFF = "off"
+    AUTO = "auto"
+
+
+class SplitMode(Enum):
+    NONE = "none"
+    LAYER = "layer"
+    ROW = "row"
+    TENSOR = "tensor"
+
+
+def parse_bool(text: str) -> bool:
+    """1/0, true/false, on/off, yes/no (any case)."""
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(
+        f"invalid boolean {text!r}: use 1/0, true/false, on/off or yes/no"
+    )
+
+
+def int_in_range(
+    lo: int | None = None, hi: int | None = None, *, also: tuple[int, ...] = ()
+) -> Callable[[str], int]:
+    """An integer in [lo, hi] (either end open when None), or one of `also`."""
+
+    def parse(text: str) -> int:
+        value = strict_int(text)
+        if value in also:
+            return value
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            extra = f" or {', '.join(map(str, also))}" if also else ""
+            bounds = f">= {lo}" if hi is None else (f"<= {hi}" if lo is None else f"in {lo}..{hi}")
+            raise argparse.ArgumentTypeError(f"{value} is out of range: must be {bounds}{extra}")
+        return value
+
+    return parse
+
+
+def float_in_range(lo: float | None = None, hi: float | None = None) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = strict_float(text)
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"{value} is out of range [{lo}, {hi}]")
+        return value
+
+    return parse
+
+
+positive_int = int_in_range(1)
+n_predict = int_in_range(1, also=(-1,))
+threads = int_in_range(1, also=(-1,))
+port = int_in_range(1, 65535)
+verbosity = int_in_range(0, 5)
+reasoning_budget = int_in_range(-1)
+seed = int_in_range(-1, 2**32 - 1)
+
+
+def gpu_layers(text: str) -> int:
+    """N >= 0, 'all' or 'auto' (both -1: every layer)."""
+    value = text.strip().lower()
+    if value in ("all", "auto"):
+        return -1
+    return int_in_range(0)(text)
+
+
+def flash_attn(text: str) -> FlashAttn:
+    value = text.strip().lower()
+    if value in ("auto",):
+        return FlashAttn.AUTO
+    try:
+        return FlashAttn.ON if parse_bool(value) else FlashAttn.OFF
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: use on, off or auto") from None
+
+
+def split_mode(text: str) -> SplitMode:
+    try:
+        return SplitMode(text.strip().lower())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid split mode {text!r}: use none, layer, row or tensor"
+        ) from None
+
+
+def device_list(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"invalid device list {text!r}")
+    return names
+
+
+def tensor_split(text: str) -> tuple[float, ...]:
+    parts = [p for p in text.replace("/", ",").split(",")]
+    try:
+        values = tuple(strict_float(p) for p in parts)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"invalid tensor split {text!r}: use proportions like 3,1"
+        ) from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"invalid tensor split {text!r}: proportions must be >= 0")
+    return values
+
+
+def json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"invalid JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            "must be a JSON object, e.g. '{\"enable_thinking\": true}'"
+        )
+    if "enable_thinking" in value and not isinstance(value["enable_thinking"], bool):
+        raise argparse.ArgumentTypeError("enable_thinking must be a JSON boolean (true or false)")
+    return value
+
+
+def reasoning_switch(text: str) -> bool | None:
+    """on/off/auto -> True/False/None."""
+    value = text.strip().lower()
+    if value == "auto":
+        return None
+    try:
+        return parse_bool(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: use on, off or auto") from None
+
+
+def effort_level(text: str) -> str:
+    value = text.strip().lower()
+    allowed = ("default", "none", "minimal", "low", "medium", "high", "xhigh", "max")
+    if value not in allowed:
+        raise argparse.ArgumentTypeError(
+            f"invalid reasoning effort {text!r}: use one of {', '.join(allowed)}"
+        )
+    return value
+
+
+def non_empty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text

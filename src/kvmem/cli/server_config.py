@@ -1,0 +1,197 @@
+"""Parsed flags -> validated `ServerSettings`, before any weights load.
+
+Checks here: the single slot, multi-GPU options that cannot work, model/projector/
+template/UI files, the chat template's syntax, API keys, the KVMem and KV-cache settings.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kvmem.chat.template import check_template_source, resolve_template_source
+from kvmem.chat.thinking import ThinkingDefaults
+from kvmem.cli.api_keys import collect_api_keys
+from kvmem.cli.arg_types import FlashAttn, SplitMode
+from kvmem.cli.kvmem_flags import kvmem_config_from_args
+from kvmem.cli.server_args import ParsedArgs, parse_server_argv
+from kvmem.engine import EngineSettings, SamplingParams
+from kvmem.errors import ConfigError
+from kvmem.server.settings import ServerSettings, Source
+
+logger = logging.getLogger(__name__)
+
+_GGUF_MAGIC = b"GGUF"
+
+
+def trace_from_env(environ: Mapping[str, str]) -> bool:
+    """KVMEM_TRACE: unset, empty or 0 disables; anything else enables."""
+    return environ.get("KVMEM_TRACE", "").strip() not in ("", "0")
+
+
+def check_gguf_file(path: str, flag: str) -> None:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(flag, f"file not found: {path}")
+    try:
+        with p.open("rb") as handle:
+            magic = handle.read(4)
+    except OSError as exc:
+        raise ConfigError(flag, f"cannot read {path}: {exc.strerror or exc}") from None
+    if magic != _GGUF_MAGIC:
+        raise ConfigError(flag, f"{path} is not a GGUF file")
+
+
+def _check_gpu_options(v: dict[str, Any]) -> None:
+    if v["parallel"] != 1:
+        raise ConfigError(
+            "--parallel",
+            f"kvmem-server has a single slot (one KVMem session): use --parallel 1, got {v['parallel']}",
+        )
+    devices = v["device"]
+    assert isinstance(devices, tuple)
+    if len(devices) > 1:
+        raise ConfigError(
+            "--device",
+            "multi-GPU operation is not supported: select one device, e.g. --device CUDA0",
+        )
+    if v["split_mode"] in (SplitMode.ROW, SplitMode.TENSOR):
+        raise ConfigError(
+            "--split-mode",
+            f"'{v['split_mode'].value}' splits across GPUs, which is not supported: "
+            "use --split-mode none --main-gpu INDEX or layer on one GPU",
+        )
+    split = v["tensor_split"]
+    assert isinstance(split, tuple)
+    if sum(1 for x in split if x > 0) > 1:
+        raise ConfigError(
+            "--tensor-split", "multi-GPU operation is not supported: give at most one GPU a share"
+        )
+
+
+def _template(v: dict[str, Any]) -> tuple[str | None, str]:
+    inline, path = v["chat_template"], v["chat_template_file"]
+    if inline is not None and path is not None:
+        raise ConfigError(
+            "--chat-template", "give either --chat-template or --chat-template-file, not both"
+        )
+    if isinstance(path, str):
+        try:
+            source = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("--chat-template-file", f"cannot read {path}: {exc}") from None
+        check_template_source(source, "--chat-template-file")
+        return source, path
+    if isinstance(inline, str):
+        source = resolve_template_source(inline)
+        check_template_source(source, "--chat-template")
+        return source, "--chat-template"
+    return None, "gguf"
+
+
+def _ui_dir(v: dict[str, Any]) -> str | None:
+    ui_dir = v["ui_dir"]
+    if not isinstance(ui_dir, str):
+        return None
+    if not (Path(ui_dir) / "index.html").is_file():
+        raise ConfigError("--ui-dir", f"{ui_dir} is not a directory holding index.html")
+    return ui_dir
+
+
+def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> ServerSettings:
+    v = parsed.values
+    _check_gpu_options(v)
+    if v["model"] is not None:
+        check_gguf_file(str(v["model"]), "--model")
+    if v["mmproj"] is not None:
+        check_gguf_file(str(v["mmproj"]), "--mmproj")
+        parsed.warnings.append(
+            "--mmproj: the engine has no vision support yet; requests with images will be rejected"
+        )
+    template, origin = _template(v)
+    keys = collect_api_keys(
+        parsed.env_api_keys + v["api_key"], parsed.env_api_key_files + v["api_key_file"]
+    )
+    flags = kvmem_config_from_args(parsed.namespace, trace_env=trace_from_env(environ))
+    if v["jinja"] is False:
+        parsed.warnings.append(
+            "--no-jinja is ignored: kvmem-server always renders Jinja chat templates"
+        )
+    batch, ubatch = int(v["batch_size"]), int(v["ubatch_size"])
+    if ubatch > batch:
+        parsed.warnings.append(
+            f"--ubatch-size {ubatch} is larger than --batch-size {batch}: using {batch}"
+        )
+        ubatch = batch
+    threads = None if v["threads"] == -1 else v["threads"]
+    threads_batch = threads if v["threads_batch"] == -1 else v["threads_batch"]
+    engine = EngineSettings(
+        model_path=v["model"],
+        n_ctx=v["ctx_size"] or 0,
+        n_batch=batch,
+        n_ubatch=ubatch,
+        n_threads=threads,
+        n_threads_batch=threads_batch,
+        n_gpu_layers=0 if v["device"] == ("none",) else v["gpu_layers"],
+        flash_attn=v["flash_attn"] is not FlashAttn.OFF,
+        cache_types=flags.cache_types,
+        kvmem=flags.kvmem,
+        seed=v["seed"],
+    )
+    engine.validate()
+    enable = v["reasoning"] if v["reasoning"] is not None else v["enable_thinking"]
+    sampling = SamplingParams(
+        temperature=v["temperature"],
+        top_k=v["top_k"],
+        top_p=v["top_p"],
+        min_p=v["min_p"],
+        repeat_penalty=v["repeat_penalty"],
+        repeat_last_n=v["repeat_last_n"],
+        presence_penalty=v["presence_penalty"],
+        frequency_penalty=v["frequency_penalty"],
+        seed=v["seed"],
+    )
+    sources = {k: Source(s) for k, s in parsed.sources.items()}
+    return ServerSettings(
+        engine=engine,
+        host=str(v["host"]),
+        port=int(v["port"]),
+        alias=v["alias"],
+        api_keys=keys,
+        n_predict=int(v["n_predict"]),
+        sampling=sampling,
+        chat_template=template,
+        chat_template_origin=origin,
+        thinking=ThinkingDefaults(
+            template_kwargs=dict(v["chat_template_kwargs"] or {}),
+            reasoning_effort=None if v["reasoning_effort"] == "default" else v["reasoning_effort"],
+            enable_thinking=enable,
+            reasoning_budget=int(v["reasoning_budget"]),
+        ),
+        budget_message=str(v["reasoning_budget_message"]),
+        ui=bool(v["ui"]),
+        ui_dir=_ui_dir(v),
+        metrics=bool(v["metrics"]),
+        queue_size=int(v["queue_size"]),
+        verbosity=int(v["verbosity"]),
+        trace=flags.kvmem.trace,
+        mmproj=v["mmproj"],
+        mmproj_offload=bool(v["mmproj_offload"]),
+        image_max_tokens=v["image_max_tokens"],
+        devices=v["device"],
+        split_mode=v["split_mode"].value,
+        main_gpu=int(v["main_gpu"]),
+        tensor_split=v["tensor_split"],
+        sources=sources,
+    )
+
+
+def load_server_settings(
+    argv: Sequence[str], environ: Mapping[str, str]
+) -> tuple[ServerSettings, list[str]]:
+    """argv + environment -> settings and the warnings to log; ConfigError on any problem."""
+    parsed = parse_server_argv(argv, environ)
+    settings = settings_from_parsed(parsed, environ)
+    return settings, parsed.warnings

@@ -1,0 +1,122 @@
+"""The FastAPI application factory.
+
+`create_app(settings)` builds the app; its lifespan starts the engine worker, which loads
+the model in its own thread (so /health can answer 503 while loading) and owns the
+engine from then on. `engine_factory` is the seam tests use to run the app on a fake.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.staticfiles import StaticFiles
+
+from kvmem.chat.protocol import ChatEngine, ModelInfoLike
+from kvmem.chat.template import ChatTemplate
+from kvmem.server.auth import ApiKeyChecker
+from kvmem.server.error_map import install_error_handlers
+from kvmem.server.metrics import ServerMetrics
+from kvmem.server.routes import api_router, health_router
+from kvmem.server.settings import ServerSettings
+from kvmem.server.worker import EngineWorker
+
+logger = logging.getLogger(__name__)
+
+EngineFactory = Callable[[ServerSettings], ChatEngine]
+PACKAGED_UI = Path(__file__).resolve().parent.parent / "ui" / "static"
+
+
+@dataclass(slots=True)
+class ServerState:
+    """What the routes share (app.state.kvmem)."""
+
+    settings: ServerSettings
+    worker: EngineWorker
+    metrics: ServerMetrics
+    template: ChatTemplate | None = None
+    info: ModelInfoLike | None = None
+
+
+def default_engine_factory(settings: ServerSettings) -> ChatEngine:
+    from kvmem.engine import Engine
+
+    return Engine(settings.engine)
+
+
+def ui_directory(settings: ServerSettings) -> Path | None:
+    """The directory served at / (None: no page)."""
+    if not settings.ui:
+        return None
+    if settings.ui_dir is not None:
+        return Path(settings.ui_dir)
+    return PACKAGED_UI if (PACKAGED_UI / "index.html").is_file() else None
+
+
+def create_app(
+    settings: ServerSettings,
+    engine_factory: EngineFactory | None = None,
+    *,
+    on_ready: Callable[[ChatEngine], None] | None = None,
+    on_failed: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    factory = engine_factory or default_engine_factory
+    metrics = ServerMetrics()
+    holder: dict[str, ServerState] = {}
+
+    def load() -> ChatEngine:
+        engine = factory(settings)
+        try:
+            template = ChatTemplate.from_engine_info(engine.info, settings.chat_template)
+        except Exception:
+            engine.close()
+            raise
+        holder["state"].template = template
+        holder["state"].info = engine.info
+        logger.info(
+            "model %s loaded: n_ctx=%d, chat template from %s, tool format %s",
+            engine.info.name,
+            engine.info.n_ctx,
+            settings.chat_template_origin,
+            template.tool_format.value,
+        )
+        return engine
+
+    worker = EngineWorker(
+        load, settings.queue_size, metrics, on_ready=on_ready, on_failed=on_failed
+    )
+    state = ServerState(settings=settings, worker=worker, metrics=metrics)
+    holder["state"] = state
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        worker.start()
+        try:
+            yield
+        finally:
+            worker.stop()
+
+    app = FastAPI(
+        title="kvmem-server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.state.kvmem = state
+    app.state.auth = ApiKeyChecker(settings.api_keys)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=["*"],
+        allow_methods=["*"],
+        allow_headers=["*"],
+        allow_credentials=False,
+    )
+    install_error_handlers(app)
+    app.include_router(health_router)
+    app.include_router(api_router)
+    ui = ui_directory(settings)
+    if ui is not None:
+        app.mount("/", StaticFiles(directory=str(ui), html=True), name="ui")
+    return app

@@ -1,0 +1,137 @@
+"""A validated chat request turned into a job for the engine worker.
+
+Everything that does not need the engine happens here, in the request handler, so bad
+requests fail with 400 at once instead of after waiting for the slot: message validation,
+thinking controls, template rendering (with the query span), grammars, sampling.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kvmem.chat.json_grammar import json_object_grammar, json_schema_grammar
+from kvmem.chat.messages import normalize_messages
+from kvmem.chat.prompt import PromptTokens, RenderedPrompt, render_prompt
+from kvmem.chat.reasoning import ReasoningMarkers
+from kvmem.chat.template import ChatTemplate
+from kvmem.chat.thinking import resolve_thinking
+from kvmem.chat.tool_calls import ToolFormat
+from kvmem.chat.tool_grammar import tool_call_grammar
+from kvmem.chat.turn import TurnRequest
+from kvmem.engine import SamplingParams
+from kvmem.server.channel import EventChannel
+from kvmem.server.schemas import ChatCompletionRequest, NamedToolChoice
+from kvmem.server.settings import ServerSettings
+
+
+@dataclass(slots=True)
+class ChatJob:
+    rendered: RenderedPrompt
+    sampling: SamplingParams
+    channel: EventChannel
+    max_tokens: int = -1
+    stop: tuple[str, ...] = ()
+    grammar: str | None = None
+    tool_format: ToolFormat | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    reasoning: ReasoningMarkers | None = None
+    reasoning_budget: int = -1
+    budget_message: str = ""
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def turn_request(self, prompt: PromptTokens) -> TurnRequest:
+        return TurnRequest(
+            prompt=prompt,
+            sampling=self.sampling,
+            max_tokens=self.max_tokens,
+            stop=self.stop,
+            grammar=self.grammar,
+            tool_format=self.tool_format,
+            tools=self.tools,
+            reasoning=self.reasoning,
+            reasoning_budget=self.reasoning_budget,
+            budget_message=self.budget_message,
+            cancel=self.cancel,
+        )
+
+
+def effective_max_tokens(request: ChatCompletionRequest, n_predict: int) -> int:
+    """max_completion_tokens, else max_tokens, capped by -n; -1 means no cap."""
+    asked = (
+        request.max_completion_tokens
+        if request.max_completion_tokens is not None
+        else request.max_tokens
+    )
+    caps = [v for v in (asked, n_predict) if v is not None and v > 0]
+    return min(caps) if caps else -1
+
+
+def sampling_for(request: ChatCompletionRequest, defaults: SamplingParams) -> SamplingParams:
+    overrides = {
+        name: getattr(request, name)
+        for name in (
+            "temperature",
+            "top_k",
+            "top_p",
+            "min_p",
+            "repeat_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+            "seed",
+        )
+        if getattr(request, name) is not None
+    }
+    return replace(defaults, **overrides)
+
+
+def _grammar(
+    request: ChatCompletionRequest, template: ChatTemplate, tools: list[dict[str, Any]]
+) -> str | None:
+    choice = request.tool_choice
+    parallel = bool(request.parallel_tool_calls)
+    if tools and choice == "required":
+        return tool_call_grammar(template.tool_format, tools, parallel=parallel)
+    if tools and isinstance(choice, NamedToolChoice):
+        return tool_call_grammar(template.tool_format, tools, only=choice.function.name)
+    fmt = request.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return json_schema_grammar(fmt.schema_) if fmt.schema_ else json_object_grammar()
+    assert fmt.json_schema is not None  # the schema validator guarantees it
+    return json_schema_grammar(fmt.json_schema.schema_)
+
+
+def prepare_chat_job(
+    request: ChatCompletionRequest,
+    settings: ServerSettings,
+    template: ChatTemplate,
+    channel: EventChannel,
+) -> ChatJob:
+    """Validate and render; raises InvalidRequestError/TemplateError for a bad request."""
+    messages = normalize_messages(request.messages, vision=False)
+    plan = resolve_thinking(
+        settings.thinking,
+        reasoning_effort=request.reasoning_effort,
+        chat_template_kwargs=request.chat_template_kwargs,
+        reasoning_budget_tokens=request.reasoning_budget_tokens,
+    )
+    tools = request.tool_dicts if request.tool_choice != "none" else []
+    rendered = render_prompt(
+        template, messages, tools=tools or None, template_kwargs=plan.template_kwargs
+    )
+    return ChatJob(
+        rendered=rendered,
+        sampling=sampling_for(request, settings.sampling),
+        channel=channel,
+        max_tokens=effective_max_tokens(request, settings.n_predict),
+        stop=request.stop_list,
+        grammar=_grammar(request, template, tools),
+        tool_format=template.tool_format if tools else None,
+        tools=tools,
+        reasoning=template.reasoning,
+        reasoning_budget=plan.budget,
+        budget_message=settings.budget_message,
+    )

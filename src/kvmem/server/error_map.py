@@ -1,0 +1,105 @@
+"""The one place where exception types become HTTP errors in OpenAI's error envelope:
+`{"error": {"message", "type", "param", "code"}}`."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kvmem.errors import (
+    AuthenticationError,
+    ContextLengthExceededError,
+    EngineNotReadyError,
+    InvalidRequestError,
+    KVMemError,
+    QueueFullError,
+    TemplateError,
+)
+
+logger = logging.getLogger(__name__)
+
+RETRY_AFTER_S = "1"
+
+
+@dataclass(frozen=True, slots=True)
+class HttpError:
+    status: int
+    type: str
+    code: str | None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+# Checked in order: subclasses before their bases.
+_BY_TYPE: tuple[tuple[type[BaseException], HttpError], ...] = (
+    (
+        ContextLengthExceededError,
+        HttpError(400, "invalid_request_error", "context_length_exceeded"),
+    ),
+    (InvalidRequestError, HttpError(400, "invalid_request_error", "invalid_request")),
+    (TemplateError, HttpError(400, "invalid_request_error", "template_error")),
+    (AuthenticationError, HttpError(401, "authentication_error", "invalid_api_key")),
+    (QueueFullError, HttpError(503, "server_error", "queue_full", {"Retry-After": RETRY_AFTER_S})),
+    (
+        EngineNotReadyError,
+        HttpError(503, "unavailable_error", "model_loading", {"Retry-After": RETRY_AFTER_S}),
+    ),
+    (KVMemError, HttpError(500, "server_error", "internal_error")),
+)
+_INTERNAL = HttpError(500, "server_error", "internal_error")
+
+
+def classify(exc: BaseException) -> HttpError:
+    for kind, error in _BY_TYPE:
+        if isinstance(exc, kind):
+            return error
+    return _INTERNAL
+
+
+def error_payload(exc: BaseException) -> tuple[HttpError, dict[str, Any]]:
+    """The HTTP status/headers and the envelope for `exc`."""
+    error = classify(exc)
+    message = str(exc) if isinstance(exc, KVMemError) else "internal server error"
+    param = getattr(exc, "param", None)
+    return error, {
+        "error": {"message": message, "type": error.type, "param": param, "code": error.code}
+    }
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    error, body = error_payload(exc)
+    if error.status >= 500 and not isinstance(exc, (QueueFullError, EngineNotReadyError)):
+        logger.error("request failed: %s: %s", type(exc).__name__, exc)
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
+
+
+def envelope(status: int, message: str, type_: str, code: str | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_kvmem_error(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc)
+
+    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return envelope(exc.status_code, str(exc.detail), kind)
+
+    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+        return envelope(400, f"invalid request: {exc}", "invalid_request_error", "invalid_request")
+
+    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unexpected server error", exc_info=exc)
+        return error_response(exc)
+
+    app.add_exception_handler(KVMemError, on_kvmem_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -1,0 +1,134 @@
+"""`kvmem-server`: parse flags and environment, validate, bind, serve.
+
+Order: configuration and files are validated (exit 2 on a bad flag or variable, 1 on a
+missing model), the `KVMEM_STARTUP requested=` record is written, the port is bound (a
+failure names the address and exits 1), then uvicorn starts and the model loads in the
+engine thread; `KVMEM_STARTUP ready=` follows once it has loaded. SIGINT/SIGTERM cancel
+the running generation and shut down cleanly (exit 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from types import FrameType
+
+import uvicorn
+
+from kvmem.chat.protocol import ChatEngine
+from kvmem.cli.server_config import load_server_settings
+from kvmem.engine import resolve_model_path
+from kvmem.errors import ConfigError, ModelNotFoundError
+from kvmem.server.app import create_app
+from kvmem.server.startup import (
+    bind_socket,
+    configure_logging,
+    emit_record,
+    ready_record,
+    requested_record,
+)
+
+logger = logging.getLogger("kvmem.server")
+
+EXIT_CONFIG = 2
+EXIT_RUNTIME = 1
+
+
+class _Server(uvicorn.Server):
+    """uvicorn that also cancels the running generation when a signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, on_signal: object) -> None:
+        super().__init__(config)
+        self._on_signal = on_signal
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if callable(self._on_signal):
+            self._on_signal()
+        super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Like uvicorn's, but a signal-initiated shutdown ends with exit 0 (uvicorn re-raises it)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {
+            sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        settings, warnings = load_server_settings(args, os.environ)
+    except ConfigError as exc:
+        sys.stderr.write(f"kvmem-server: error: {exc}\n")
+        return EXIT_CONFIG
+    configure_logging(settings.verbosity)
+    for warning in warnings:
+        logger.warning("%s", warning)
+    try:
+        settings = settings.with_model_path(resolve_model_path(settings.engine.model_path))
+    except ModelNotFoundError as exc:
+        sys.stderr.write(f"kvmem-server: error: {exc}\n")
+        return EXIT_RUNTIME
+    if settings.trace:
+        emit_record("requested", requested_record(settings))
+    try:
+        sock = bind_socket(settings.host, settings.port)
+    except OSError as exc:
+        sys.stderr.write(
+            f"kvmem-server: error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}\n"
+        )
+        return EXIT_RUNTIME
+
+    exit_code = [0]
+    server_ref: list[_Server] = []
+
+    def on_ready(engine: ChatEngine) -> None:
+        logger.info(
+            "server is listening on http://%s:%d (model %s)",
+            settings.host,
+            settings.port,
+            engine.info.name,
+        )
+        if settings.trace:
+            emit_record("ready", ready_record(settings, engine.info, engine.stats))
+
+    def on_failed(exc: BaseException) -> None:
+        sys.stderr.write(f"kvmem-server: error: cannot load the model: {exc}\n")
+        exit_code[0] = EXIT_RUNTIME
+        if server_ref:
+            server_ref[0].should_exit = True
+
+    logger.info("loading model %s", settings.engine.model_path)
+    app = create_app(settings, on_ready=on_ready, on_failed=on_failed)
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=settings.verbosity >= 4,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        ws="none",
+    )
+    server = _Server(config, on_signal=lambda: app.state.kvmem.worker.cancel_all())
+    server_ref.append(server)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    return exit_code[0]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

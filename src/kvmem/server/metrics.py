@@ -1,0 +1,230 @@
+"""Server counters and the Prometheus text exposition of `/metrics` (opt-in, `--metrics`).
+
+Request-level counters come from each turn's usage; KVMem transfer counters and gauges
+come from the engine's cumulative stats, snapshotted by the worker thread after each job
+(the HTTP side never touches the engine).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, fields
+from typing import Any
+
+from kvmem.chat.turn import TurnUsage
+
+
+@dataclass(slots=True)
+class ServerCounters:
+    requests_total: int = 0
+    requests_failed: int = 0
+    requests_rejected: int = 0  # 503: queue full
+    prompt_tokens: int = 0
+    cache_hit_tokens: int = 0
+    cache_miss_tokens: int = 0
+    generated_tokens: int = 0
+    reasoning_tokens: int = 0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+
+
+# (metric name, help, engine stats field, scale, type)
+_ENGINE_METRICS: tuple[tuple[str, str, str, float, str], ...] = (
+    (
+        "kvmem_stage_in_bytes_total",
+        "KV bytes copied from the host store into the GPU window",
+        "stage_in_bytes",
+        1.0,
+        "counter",
+    ),
+    (
+        "kvmem_stage_out_bytes_total",
+        "KV bytes copied from the GPU to the host store",
+        "stage_out_bytes",
+        1.0,
+        "counter",
+    ),
+    (
+        "kvmem_stage_in_blocks_total",
+        "blocks copied into the GPU window",
+        "stage_in_blocks",
+        1.0,
+        "counter",
+    ),
+    (
+        "kvmem_stage_out_blocks_total",
+        "blocks copied to the host store",
+        "stage_out_blocks",
+        1.0,
+        "counter",
+    ),
+    (
+        "kvmem_reselect_seconds_total",
+        "time spent reselecting the window",
+        "reselect_ms",
+        1e-3,
+        "counter",
+    ),
+    (
+        "kvmem_replayed_tokens_total",
+        "query tokens processed again after reselection",
+        "replayed_tokens",
+        1.0,
+        "counter",
+    ),
+    (
+        "kvmem_spilled_blocks_total",
+        "generation blocks moved to the host when the reserve filled",
+        "spilled_blocks",
+        1.0,
+        "counter",
+    ),
+    (
+        "kvmem_host_store_bytes",
+        "bytes held by the host block store",
+        "host_store_bytes",
+        1.0,
+        "gauge",
+    ),
+    ("kvmem_host_blocks", "blocks held by the host block store", "host_blocks", 1.0, "gauge"),
+    ("kvmem_gpu_cells_used", "KV cells used in the GPU context", "gpu_cells_used", 1.0, "gauge"),
+    (
+        "kvmem_gpu_cells_max",
+        "KV cells of the GPU context (budget + reserve)",
+        "gpu_cells_max",
+        1.0,
+        "gauge",
+    ),
+)
+
+
+class ServerMetrics:
+    """Thread-safe counters; `render` writes the Prometheus text format."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counters = ServerCounters()
+        self._engine: dict[str, Any] = {}
+        self.processing = 0
+        self.deferred = 0
+
+    def record_turn(self, usage: TurnUsage) -> None:
+        with self._lock:
+            c = self._counters
+            c.requests_total += 1
+            c.prompt_tokens += usage.prompt_tokens
+            c.cache_hit_tokens += usage.cached_tokens
+            c.cache_miss_tokens += usage.prompt_tokens - usage.cached_tokens
+            c.generated_tokens += usage.completion_tokens
+            c.reasoning_tokens += usage.reasoning_tokens
+            c.prefill_ms += usage.prefill_ms
+            c.decode_ms += usage.decode_ms
+
+    def record_failure(self) -> None:
+        with self._lock:
+            self._counters.requests_total += 1
+            self._counters.requests_failed += 1
+
+    def record_rejected(self) -> None:
+        with self._lock:
+            self._counters.requests_rejected += 1
+
+    def set_engine_stats(self, stats: Any) -> None:
+        snapshot = (
+            {f.name: getattr(stats, f.name) for f in fields(stats)} if stats is not None else {}
+        )
+        with self._lock:
+            self._engine = snapshot
+
+    def counters(self) -> ServerCounters:
+        with self._lock:
+            return ServerCounters(
+                **{f.name: getattr(self._counters, f.name) for f in fields(ServerCounters)}
+            )
+
+    def engine_value(self, name: str) -> Any:
+        with self._lock:
+            return self._engine.get(name, 0)
+
+    def render(self) -> str:
+        c = self.counters()
+        rows: list[tuple[str, str, str, float]] = [
+            (
+                "kvmem_requests_total",
+                "chat completions finished or failed",
+                "counter",
+                c.requests_total,
+            ),
+            (
+                "kvmem_requests_failed_total",
+                "chat completions that failed",
+                "counter",
+                c.requests_failed,
+            ),
+            (
+                "kvmem_requests_rejected_total",
+                "requests refused with 503 (queue full)",
+                "counter",
+                c.requests_rejected,
+            ),
+            (
+                "kvmem_requests_processing",
+                "requests generating now (0 or 1)",
+                "gauge",
+                self.processing,
+            ),
+            ("kvmem_requests_deferred", "requests waiting for the slot", "gauge", self.deferred),
+            (
+                "kvmem_prompt_tokens_total",
+                "prompt tokens of all requests",
+                "counter",
+                c.prompt_tokens,
+            ),
+            (
+                "kvmem_prompt_cache_hit_tokens_total",
+                "prompt tokens reused from the session",
+                "counter",
+                c.cache_hit_tokens,
+            ),
+            (
+                "kvmem_prompt_cache_miss_tokens_total",
+                "prompt tokens processed",
+                "counter",
+                c.cache_miss_tokens,
+            ),
+            ("kvmem_generated_tokens_total", "tokens generated", "counter", c.generated_tokens),
+            (
+                "kvmem_reasoning_tokens_total",
+                "generated tokens inside thinking blocks",
+                "counter",
+                c.reasoning_tokens,
+            ),
+            ("kvmem_prompt_seconds_total", "prompt processing time", "counter", c.prefill_ms / 1e3),
+            ("kvmem_decode_seconds_total", "generation time", "counter", c.decode_ms / 1e3),
+            (
+                "llamacpp:prompt_tokens_total",
+                "llama-server compatible: prompt tokens processed",
+                "counter",
+                c.cache_miss_tokens,
+            ),
+            (
+                "llamacpp:tokens_predicted_total",
+                "llama-server compatible: tokens generated",
+                "counter",
+                c.generated_tokens,
+            ),
+        ]
+        for name, help_text, stat, scale, kind in _ENGINE_METRICS:
+            rows.append((name, help_text, kind, float(self.engine_value(stat)) * scale))
+        lines = []
+        for name, help_text, kind, value in rows:
+            lines += [
+                f"# HELP {name} {help_text}",
+                f"# TYPE {name} {kind}",
+                f"{name} {_number(value)}",
+            ]
+        return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))

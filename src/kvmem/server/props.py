@@ -1,0 +1,113 @@
+"""Bodies of `/v1/models` and `/props` (llama-server-like; never any API key)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from dataclasses import asdict
+from typing import Any
+
+from kvmem import __version__
+from kvmem.chat.protocol import ModelInfoLike
+from kvmem.chat.template import ChatTemplate
+from kvmem.server.settings import ServerSettings
+
+_STARTED = int(time.time())
+
+
+def build_info() -> str:
+    try:
+        llama = importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        llama = "unknown"
+    return f"kvmem {__version__} (llama-cpp-python {llama})"
+
+
+def served_model_id(settings: ServerSettings, info: ModelInfoLike) -> str:
+    """--alias, else the model file's name."""
+    return settings.alias or info.path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def models_body(settings: ServerSettings, info: ModelInfoLike) -> dict[str, Any]:
+    model_id = served_model_id(settings, info)
+    meta = {"n_ctx": info.n_ctx, "n_ctx_train": info.n_ctx_train, "n_vocab": info.n_vocab}
+    entry = {
+        "id": model_id,
+        "object": "model",
+        "created": _STARTED,
+        "owned_by": "kvmem",
+        "meta": meta,
+    }
+    return {
+        "object": "list",
+        "data": [entry],
+        "models": [{"name": model_id, "model": model_id, "meta": meta}],
+    }
+
+
+def kvmem_body(settings: ServerSettings) -> dict[str, Any]:
+    kv = settings.engine.kvmem
+    return {
+        "enabled": kv.enabled,
+        "block_tokens": kv.block_tokens,
+        "budget": kv.budget,
+        "gen_reserve": kv.gen_reserve,
+        "sink_blocks": kv.sink_blocks,
+        "recent_blocks": kv.recent_blocks,
+        "method": kv.method.value,
+        "query_replay": kv.query_replay.value,
+        "query_policy": kv.query_policy.value,
+        "query_max_tokens": kv.query_max_tokens,
+        "score_layers": list(kv.score_layers),
+        "cache_type_k": settings.engine.cache_types.k.label,
+        "cache_type_v": settings.engine.cache_types.v.label,
+    }
+
+
+def props_body(
+    settings: ServerSettings, info: ModelInfoLike, template: ChatTemplate
+) -> dict[str, Any]:
+    s = settings.sampling
+    params = {
+        "temperature": s.temperature,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "repeat_penalty": s.repeat_penalty,
+        "repeat_last_n": s.repeat_last_n,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "seed": s.seed,
+        "n_predict": settings.n_predict,
+        "max_tokens": settings.n_predict,
+        "reasoning_budget_tokens": settings.thinking.reasoning_budget,
+    }
+    thinking = settings.thinking
+    return {
+        "default_generation_settings": {"id": 0, "n_ctx": info.n_ctx, "params": params},
+        "total_slots": 1,
+        "model_alias": served_model_id(settings, info),
+        "model_path": info.path,
+        "n_ctx": info.n_ctx,
+        "n_ctx_train": info.n_ctx_train,
+        "modalities": {"vision": False, "audio": False},
+        "chat_template": template.source,
+        "chat_template_source": settings.chat_template_origin,
+        "chat_template_caps": asdict(template.caps),
+        "tool_call_format": template.tool_format.value,
+        "thinking": {
+            "tags": [template.reasoning.open, template.reasoning.close]
+            if template.reasoning
+            else None,
+            "template_kwargs": dict(thinking.template_kwargs),
+            "reasoning_effort": thinking.reasoning_effort or "default",
+            "enable_thinking": thinking.enable_thinking,
+            "reasoning_budget": thinking.reasoning_budget,
+        },
+        "bos_token": info.bos_text,
+        "eos_token": info.eos_text,
+        "build_info": build_info(),
+        "webui": settings.ui,
+        "auth": {"enabled": settings.api_keys.enabled},
+        "kvmem": kvmem_body(settings),
+    }

@@ -1,0 +1,161 @@
+"""OpenAI chat-completion bodies: the non-stream response and the SSE chunks.
+
+Stream order: a `role` delta, then `content` / `reasoning_content` deltas and tool-call
+deltas (per call: a first delta with index, id, type and name, then the arguments), then
+a chunk with `finish_reason`, then (with `stream_options.include_usage`) a usage chunk
+with empty `choices`, then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvmem.chat.reasoning import Channel
+from kvmem.chat.turn import ChatFinish, TextDelta, ToolCallEvent, TurnDone, TurnEvent, TurnUsage
+
+
+def finish_name(finish: ChatFinish) -> str:
+    return "stop" if finish is ChatFinish.CANCELLED else finish.value
+
+
+def usage_body(usage: TurnUsage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "prompt_cache_hit_tokens": usage.cached_tokens,
+        "prompt_cache_miss_tokens": usage.prompt_tokens - usage.cached_tokens,
+    }
+
+
+def timings_body(usage: TurnUsage) -> dict[str, Any]:
+    """llama-server's `timings` (the chat page shows the decode speed from it)."""
+    prompt_n = usage.prompt_tokens - usage.cached_tokens
+    return {
+        "cache_n": usage.cached_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": round(usage.prefill_ms, 3),
+        "prompt_per_second": prompt_n / (usage.prefill_ms / 1e3) if usage.prefill_ms > 0 else 0.0,
+        "predicted_n": usage.completion_tokens,
+        "predicted_ms": round(usage.decode_ms, 3),
+        "predicted_per_second": (
+            usage.completion_tokens / (usage.decode_ms / 1e3) if usage.decode_ms > 0 else 0.0
+        ),
+    }
+
+
+def tool_call_body(event: ToolCallEvent) -> dict[str, Any]:
+    call = event.call
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+
+
+@dataclass(slots=True)
+class CompletionAccumulator:
+    """Collects turn events into the non-stream response."""
+
+    model: str
+    id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
+    created: int = field(default_factory=lambda: int(time.time()))
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    done: TurnDone | None = None
+
+    def add(self, event: TurnEvent) -> None:
+        if isinstance(event, TextDelta):
+            (self.reasoning if event.channel is Channel.REASONING else self.content).append(
+                event.text
+            )
+        elif isinstance(event, ToolCallEvent):
+            self.tool_calls.append(tool_call_body(event))
+        else:
+            self.done = event
+
+    def body(self) -> dict[str, Any]:
+        assert self.done is not None, "a turn always ends with TurnDone"
+        content = "".join(self.content)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if self.tool_calls:
+            message["content"] = content.strip() or None
+            message["tool_calls"] = self.tool_calls
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "kvmem",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": finish_name(self.done.finish_reason),
+                }
+            ],
+            "usage": usage_body(self.done.usage),
+            "timings": timings_body(self.done.usage),
+        }
+
+
+@dataclass(slots=True)
+class ChunkWriter:
+    """Formats turn events as SSE `data:` lines."""
+
+    model: str
+    include_usage: bool = False
+    id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def _chunk(self, delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> str:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "kvmem",
+            "choices": []
+            if delta is None
+            else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        body.update(extra)
+        return sse_data(body)
+
+    def role(self) -> str:
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def event(self, event: TurnEvent) -> list[str]:
+        if isinstance(event, TextDelta):
+            return [self._chunk({event.channel.value: event.text})]
+        if isinstance(event, ToolCallEvent):
+            call = tool_call_body(event)
+            head = {
+                "index": event.index,
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": ""},
+            }
+            args = {"index": event.index, "function": {"arguments": call["function"]["arguments"]}}
+            return [self._chunk({"tool_calls": [head]}), self._chunk({"tool_calls": [args]})]
+        out = [self._chunk({}, finish_name(event.finish_reason), timings=timings_body(event.usage))]
+        if self.include_usage:
+            out.append(self._chunk(None, usage=usage_body(event.usage)))
+        return out
+
+
+def sse_data(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"

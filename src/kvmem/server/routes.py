@@ -1,0 +1,161 @@
+"""HTTP routes: health (public), models, props, metrics and chat completions (API key)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from kvmem.chat.turn import TurnDone
+from kvmem.errors import EngineNotReadyError, InvalidRequestError
+from kvmem.server.auth import require_api_key
+from kvmem.server.channel import EventChannel, JobFailed
+from kvmem.server.chat_job import ChatJob, prepare_chat_job
+from kvmem.server.error_map import envelope, error_payload
+from kvmem.server.props import models_body, props_body, served_model_id
+from kvmem.server.responses import SSE_DONE, ChunkWriter, CompletionAccumulator, sse_data
+from kvmem.server.schemas import parse_chat_request
+from kvmem.server.worker import WorkerState
+
+if TYPE_CHECKING:
+    from kvmem.server.app import ServerState
+
+logger = logging.getLogger(__name__)
+
+health_router = APIRouter()
+api_router = APIRouter(dependencies=[Depends(require_api_key)])
+
+DISCONNECT_POLL_S = 0.25
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.kvmem
+
+
+def _ready_state(request: Request) -> ServerState:
+    state = _state(request)
+    if state.worker.state is not WorkerState.READY or state.template is None:
+        raise EngineNotReadyError(f"the model is not ready ({state.worker.state.value})")
+    return state
+
+
+@health_router.get("/health")
+@health_router.get("/v1/health")
+async def health(request: Request) -> JSONResponse:
+    worker = _state(request).worker
+    if worker.state is WorkerState.READY:
+        return JSONResponse({"status": "ok"})
+    message = (
+        "Loading model" if worker.state is WorkerState.LOADING else f"model {worker.state.value}"
+    )
+    body = {
+        "status": worker.state.value,
+        "error": {"message": message, "type": "unavailable_error", "param": None, "code": 503},
+    }
+    return JSONResponse(body, status_code=503)
+
+
+@api_router.get("/v1/models")
+@api_router.get("/models")
+async def models(request: Request) -> JSONResponse:
+    state = _ready_state(request)
+    assert state.info is not None
+    return JSONResponse(models_body(state.settings, state.info))
+
+
+@api_router.get("/props")
+async def props(request: Request) -> JSONResponse:
+    state = _ready_state(request)
+    assert state.info is not None and state.template is not None
+    return JSONResponse(props_body(state.settings, state.info, state.template))
+
+
+@api_router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = _state(request)
+    if not state.settings.metrics:
+        return envelope(
+            501,
+            "this server has no metrics endpoint: start it with --metrics",
+            "not_supported_error",
+        )
+    return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+async def _next_event(request: Request, channel: EventChannel, job: ChatJob) -> Any:
+    """The job's next event; None when the client went away (the job is then cancelled)."""
+    while True:
+        try:
+            return await asyncio.wait_for(channel.get(), timeout=DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                job.cancel.set()
+                return None
+
+
+@api_router.post("/v1/chat/completions")
+@api_router.post("/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from None
+    chat = parse_chat_request(body)
+    state = _ready_state(request)
+    assert state.template is not None
+    channel = EventChannel(asyncio.get_running_loop())
+    job = prepare_chat_job(chat, state.settings, state.template, channel)
+    state.worker.submit(job)
+    first = await _next_event(request, channel, job)
+    if first is None:
+        return Response(status_code=499)
+    if isinstance(first, JobFailed):
+        raise first.error
+    assert state.info is not None
+    model = served_model_id(state.settings, state.info)
+    if chat.stream:
+        include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
+        writer = ChunkWriter(model=model, include_usage=include_usage)
+        return StreamingResponse(
+            _stream(request, channel, job, writer),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    acc = CompletionAccumulator(model=model)
+    while True:
+        event = await _next_event(request, channel, job)
+        if event is None:
+            return Response(status_code=499)
+        if isinstance(event, JobFailed):
+            raise event.error
+        acc.add(event)
+        if isinstance(event, TurnDone):
+            return JSONResponse(acc.body())
+
+
+async def _stream(
+    request: Request, channel: EventChannel, job: ChatJob, writer: ChunkWriter
+) -> AsyncIterator[str]:
+    try:
+        yield writer.role()
+        while True:
+            event = await _next_event(request, channel, job)
+            if event is None:
+                return
+            if isinstance(event, JobFailed):
+                _, body = error_payload(event.error)
+                yield sse_data(body)
+                break
+            for line in writer.event(event):
+                yield line
+            if isinstance(event, TurnDone):
+                break
+        yield SSE_DONE
+    finally:
+        job.cancel.set()  # a no-op after TurnDone; stops generation if the client went away

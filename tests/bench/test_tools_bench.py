@@ -1,0 +1,237 @@
+"""The tool benchmark client against a stub OpenAI-style server, and `summarize`."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from kvmem.bench.http_client import StreamOutcome, parse_prometheus
+from kvmem.bench.main import main
+from kvmem.bench.summarize import summarize_dir
+from kvmem.bench.tools_data import ToolFormat, ToolsPlan, build_conversations, request_body
+from kvmem.bench.tools_records import make_record, summarize_rounds
+
+
+class StubState:
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.prev_prompt = 0
+        self.metrics = {
+            "kvmem_prompt_seconds_total": 0.0,
+            "kvmem_decode_seconds_total": 0.0,
+            "kvmem_reselect_seconds_total": 0.0,
+            "kvmem_stage_in_bytes_total": 0.0,
+            "kvmem_stage_in_blocks_total": 0.0,
+            "kvmem_host_store_bytes": 0.0,
+        }
+
+
+def make_handler(state: StubState) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                body = b'{"status": "ok"}'
+            elif self.path == "/metrics":
+                body = "".join(
+                    f"# TYPE {k} counter\n{k} {v}\n" for k, v in state.metrics.items()
+                ).encode()
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            state.requests.append(req)
+            prompt = sum(len(m.get("content") or "") for m in req["messages"]) // 3
+            cached = state.prev_prompt
+            state.prev_prompt = prompt
+            m = state.metrics
+            m["kvmem_prompt_seconds_total"] += 0.5
+            m["kvmem_decode_seconds_total"] += 0.1
+            m["kvmem_reselect_seconds_total"] += 0.01
+            m["kvmem_stage_in_bytes_total"] += 1000
+            m["kvmem_stage_in_blocks_total"] += 2
+            m["kvmem_host_store_bytes"] = 10.0 * prompt
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            chunks = [
+                {"choices": [{"index": 0, "delta": {"content": c}, "finish_reason": None}]}
+                for c in "abc"
+            ]
+            chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+            chunks.append(
+                {
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": prompt,
+                        "completion_tokens": 3,
+                        "prompt_tokens_details": {"cached_tokens": cached},
+                    },
+                }
+            )
+            for chunk in chunks:
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+
+    return Handler
+
+
+@pytest.fixture()
+def stub() -> Iterator[tuple[str, StubState]]:
+    state = StubState()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(state))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", state
+    server.shutdown()
+    server.server_close()
+
+
+def test_requests_are_deterministic_and_grow() -> None:
+    plan = ToolsPlan(rounds=3, target_tokens=4000, gen_tokens=8, chars_per_token=3.0)
+    convs = build_conversations(plan)
+    assert convs == build_conversations(plan)
+    assert len(convs) == 4
+    for a, b in zip(convs, convs[1:], strict=False):
+        assert b[: len(a)] == a and len(b) == len(a) + 2
+    assert plan.segment_chars == int((4000 - 4 * 8) / 4 * 3.0)
+    tool_msgs = [m for m in convs[-1] if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_msgs] == [
+        "call_000",
+        "call_001",
+        "call_002",
+        "call_003",
+    ]
+    assert all(len(m["content"]) == plan.segment_chars for m in tool_msgs)
+    body = request_body(plan, convs[0], "x", stream=True, ignore_eos=False)
+    assert body["max_tokens"] == 8 and body["temperature"] == 0.0 and "tools" in body
+    text = ToolsPlan(rounds=1, tool_format=ToolFormat.TEXT)
+    call = build_conversations(text)[0][2]
+    assert (
+        call["content"].startswith('<tool_call>{"name": "read_file"') and "tool_calls" not in call
+    )
+
+
+def test_make_record_client_timing_fallback() -> None:
+    out = StreamOutcome(
+        ttft_s=2.0,
+        total_s=3.0,
+        n_deltas=11,
+        finish_reason="stop",
+        usage={"prompt_tokens": 1000, "completion_tokens": 11, "prompt_cache_hit_tokens": 600},
+    )
+    r = make_record(4, out, None, None, 2048, None)
+    assert (r.round, r.new_tokens, r.context_tokens, r.timing_source) == (4, 400, 1011, "client")
+    assert r.prefill_s == 2.0 and r.decode_s == 1.0
+    assert r.prefill_tok_s == 200.0 and r.initial_prefill_tok_s == 200.0
+    assert r.decode_tok_s == 10.0  # 10 tokens after the first one, in 1 s
+    assert r.stage_in_bytes is None and r.rss_bytes == 2048
+
+
+def test_make_record_prefers_server_timings() -> None:
+    out = StreamOutcome(
+        ttft_s=2.0,
+        total_s=3.0,
+        n_deltas=5,
+        finish_reason="stop",
+        usage={"prompt_tokens": 100, "completion_tokens": 5},
+        timings={"prompt_ms": 400.0, "predicted_ms": 250.0},
+        kvmem={"reselect_ms": 100.0, "replay_ms": 50.0, "harvest_ms": 50.0, "stage_in_blocks": 3},
+    )
+    r = make_record(0, out, None, None, None, None)
+    assert r.timing_source == "server" and r.prefill_s == 0.4 and r.decode_s == 0.25
+    assert r.initial_prefill_s == pytest.approx(0.2) and r.initial_prefill_tok_s == pytest.approx(
+        500.0
+    )
+    assert r.prefill_tok_s == pytest.approx(250.0) and r.decode_tok_s == 20.0
+    assert r.reselect_s == 0.1 and r.stage_in_blocks == 3
+
+
+def test_parse_prometheus() -> None:
+    text = "# HELP a x\n# TYPE a counter\na 3\nllamacpp:prompt_tokens_total 5.5\nbad line x\n"
+    assert parse_prometheus(text) == {"a": 3.0, "llamacpp:prompt_tokens_total": 5.5}
+
+
+def test_tools_command_against_a_stub_server(
+    stub: tuple[str, StubState], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, state = stub
+    rc = main(
+        [
+            "tools",
+            "--url",
+            url,
+            "--rounds",
+            "3",
+            "--target-tokens",
+            "4000",
+            "--gen-tokens",
+            "8",
+            "--label",
+            "stub",
+            "--server-pid",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert rc == 0
+    assert "tool benchmark summary" in capsys.readouterr().out
+    assert len(state.requests) == 4 and all(r["stream"] for r in state.requests)
+    rounds = [json.loads(line) for line in (tmp_path / "tools_stub.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3]
+    assert rounds[1]["cached_tokens"] == rounds[0]["prompt_tokens"]
+    for r in rounds:
+        assert r["timing_source"] == "server"
+        assert r["prefill_s"] == pytest.approx(0.5) and r["decode_s"] == pytest.approx(0.1)
+        assert r["initial_prefill_s"] == pytest.approx(0.49)
+        assert r["decode_tok_s"] == pytest.approx(30.0)
+        assert r["stage_in_bytes"] == 1000 and r["stage_in_blocks"] == 2
+        assert r["rss_bytes"] is not None and r["completion_tokens"] == 3
+    doc = json.loads((tmp_path / "tools_stub.json").read_text())
+    new = sum(r["new_tokens"] for r in rounds)
+    assert doc["summary"]["overall_prefill_tok_s"] == pytest.approx(new / 2.0)
+    assert doc["summary"]["initial_prefill_tok_s"] == pytest.approx(new / 1.96)
+    assert doc["summary"]["decode_tok_s"] == pytest.approx(30.0)
+    assert (tmp_path / "tools_stub.png").stat().st_size > 1000
+    text = summarize_dir(tmp_path)
+    assert "tool benchmark summary" in text and "stub" in text
+
+
+def test_summarize_reads_partial_logs_and_other_commands(tmp_path: Path) -> None:
+    out = StreamOutcome(
+        ttft_s=1.0,
+        total_s=2.0,
+        n_deltas=3,
+        finish_reason="stop",
+        usage={"prompt_tokens": 500, "completion_tokens": 3},
+    )
+    records = [make_record(i, out, None, None, None, None) for i in range(2)]
+    (tmp_path / "tools_partial.jsonl").write_text(
+        "\n".join(json.dumps({f: getattr(r, f) for f in r.__slots__}) for r in records) + "\n"
+    )
+    (tmp_path / "agent.json").write_text(
+        json.dumps(
+            {
+                "command": "agent",
+                "accuracy": {"full": {"single": 1.0, "multi": 0.5, "update": 0.0, "all": 0.5}},
+            }
+        )
+    )
+    text = summarize_dir(tmp_path)
+    assert "partial (partial log)" in text
+    assert summarize_rounds("x", records).new_tokens == 1000
+    assert "agent" in text and "0.5000" in text
