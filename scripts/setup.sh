@@ -6,6 +6,11 @@
 # pass CMAKE_ARGS="-DGGML_CUDA=on" for CUDA). pip caches the built wheel for later runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A portable CPU build (x86-64-v3): -march=native would also compile ggml's AMX kernels on
+# CPUs that advertise AMX, and sandboxes that do not grant AMX state kill them with SIGILL.
+if [ -z "${CMAKE_ARGS:-}" ] && [ "$(uname -m)" = "x86_64" ]; then
+  export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+fi
 VENV=${KVMEM_VENV:-.venv}
 PY=${PYTHON:-python3}
 if [ ! -x "$VENV/bin/python" ]; then

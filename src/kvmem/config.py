@@ -64,7 +64,7 @@ class KVMemConfig:
     query_replay: QueryReplay = QueryReplay.AUTO
     query_policy: QueryPolicy = QueryPolicy.USER
     query_max_tokens: int = 512
-    score_layers: tuple[int, ...] = ()  # empty: every attention layer
+    score_layers: tuple[int, ...] = ()  # empty: 8 layers spread over the depth
     trace: bool = False
 
     def validate(self) -> None:

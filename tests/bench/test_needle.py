@@ -228,7 +228,7 @@ def test_command_writes_json_and_heatmaps(
     out = capsys.readouterr().out
     assert "needle multikey, tools layout, ~2500 tokens" in out
     doc = json.loads((tmp_path / "needle.json").read_text())
-    assert doc["command"] == "needle"
+    assert doc["command"] == "needle" and doc["complete"] is True
     assert set(doc) >= {"settings", "machine", "grid", "summary", "cases", "plots", "seconds"}
     assert doc["settings"]["budget"] == 1024 and doc["settings"]["last_n"] == 1024
     assert len(doc["cases"]) == 3 * 2 * 2 * 2 * 3
@@ -263,3 +263,22 @@ def test_command_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> No
     assert "--methods" in capsys.readouterr().err
     assert main(["needle", "--lengths", "9000"]) == 2
     assert "do not fit -c 8192" in capsys.readouterr().err
+
+
+def test_first_seed_splits_a_grid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--first-seed 1 --seeds 2 runs seeds 1 and 2: the cases of seed 1 and 2 of a 3-seed run."""
+    factory = FakeFactory({Method.FULL: None}, sink=200)
+    monkeypatch.setattr(needle, "LlamaEngineFactory", lambda settings: factory)
+    args = ["needle", "--lengths", "1500", "--depths", "2", "--methods", "full", "--no-plots"]
+    assert main([*args, "--seeds", "3", "--out", str(tmp_path / "all")]) == 0
+    assert main([*args, "--seeds", "2", "--first-seed", "1", "--out", str(tmp_path / "part")]) == 0
+    whole = json.loads((tmp_path / "all" / "needle.json").read_text())
+    part = json.loads((tmp_path / "part" / "needle.json").read_text())
+    assert whole["grid"]["seeds"] == [0, 1, 2] and part["grid"]["seeds"] == [1, 2]
+    assert part["plots"] == [] and not list((tmp_path / "part").glob("*.png"))
+
+    def keyed(doc: dict) -> list[tuple[int, float, str]]:
+        return [(c["seed"], c["depth"], c["expected"]) for c in doc["cases"]]
+
+    assert keyed(part) == keyed(whole)[2:]
+    assert [c["seed"] for c in part["cases"]] == [1, 1, 2, 2]

@@ -122,3 +122,22 @@ def test_llama_cpp_loads_it_and_decodes_finite_logits(tiny_model: Path) -> None:
         assert 0.1 < float(logits.std()) < 10.0
     finally:
         llm.close()
+
+
+def test_distinct_chunks_repeats_chunks_across_tensors(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    result = write_synthetic_model(
+        tmp_path / "fast.gguf", TINY, WeightType.Q8_0, 3, tokenizer_path, 2, distinct_chunks=1
+    )
+    tensors = {t.name: np.asarray(t.data) for t in GGUFReader(result.path).tensors}
+    # one chunk per tiny tensor, keyed by shape: same-shape tensors share their bytes
+    assert np.array_equal(tensors["blk.0.attn_q.weight"], tensors["blk.1.attn_q.weight"])
+    assert np.array_equal(tensors["blk.0.ffn_up.weight"], tensors["blk.1.ffn_gate.weight"])
+    assert not np.array_equal(tensors["blk.0.attn_k.weight"], tensors["blk.0.attn_q.weight"][:32])
+    full = write_synthetic_model(
+        tmp_path / "full.gguf", TINY, WeightType.Q8_0, 3, tokenizer_path, 2
+    )
+    assert full.n_bytes == result.n_bytes
+    llm = llama_cpp.Llama(str(result.path), n_ctx=64, verbose=False)
+    assert llm.n_vocab() == 49152

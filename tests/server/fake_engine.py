@@ -68,6 +68,7 @@ class GenerateCall:
     sampling: Any
     max_tokens: int
     grammar: str | None
+    ignore_eos: bool = False
 
 
 @dataclass
@@ -107,9 +108,10 @@ class FakeEngine:
         grammar: str | None = None,
         cancel: threading.Event | None = None,
         logits_out: Any = None,
+        ignore_eos: bool = False,
     ) -> Iterator[int]:
         text = self.detokenize(prompt)
-        self.calls.append(GenerateCall(text, query, sampling, max_tokens, grammar))
+        self.calls.append(GenerateCall(text, query, sampling, max_tokens, grammar, ignore_eos))
         reply = (
             self.replies(text)
             if callable(self.replies)

@@ -146,3 +146,26 @@ def test_request_over_the_context_size_is_context_length_exceeded(main_server: L
     assert isinstance(body, dict)
     assert body["code"] == "context_length_exceeded"
     assert "8192" in body["message"]
+
+
+def test_ignore_eos_generates_past_the_end_of_turn(main_server: LiveServer) -> None:
+    client = main_server.client()
+    hello = [{"role": "user", "content": "Hi"}]
+    natural = client.chat.completions.create(
+        model="smol", messages=hello, max_tokens=16, temperature=0
+    )
+    assert natural.choices[0].finish_reason == "stop"
+    assert natural.usage is not None and natural.usage.completion_tokens < 16
+    forced = client.chat.completions.create(
+        model="smol",
+        messages=hello,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert forced.choices[0].finish_reason == "length"
+    assert forced.usage is not None and forced.usage.completion_tokens == 16
+    natural_text = natural.choices[0].message.content or ""
+    forced_text = forced.choices[0].message.content or ""
+    assert natural_text and forced_text.startswith(natural_text)
+    assert len(forced_text) > len(natural_text)

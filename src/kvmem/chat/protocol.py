@@ -92,6 +92,7 @@ class ChatEngine(Protocol):
         grammar: str | None = None,
         cancel: threading.Event | None = None,
         logits_out: list[np.ndarray] | None = None,
+        ignore_eos: bool = False,
     ) -> Iterator[int]: ...
 
     def reset(self) -> None: ...

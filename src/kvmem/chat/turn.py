@@ -47,6 +47,7 @@ class TurnRequest:
     reasoning_budget: int = -1
     budget_message: str = ""
     cancel: threading.Event | None = None
+    ignore_eos: bool = False  # end-of-generation tokens are banned (llama-server's ignore_eos)
 
 
 @dataclass(slots=True)
@@ -167,6 +168,7 @@ def run_turn(engine: ChatEngine, req: TurnRequest) -> Iterator[TurnEvent]:
             max_tokens=remaining,
             grammar=grammar,
             cancel=req.cancel,
+            ignore_eos=req.ignore_eos,
         )
         try:
             for token in gen:

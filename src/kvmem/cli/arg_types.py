@@ -72,6 +72,7 @@ def float_in_range(lo: float | None = None, hi: float | None = None) -> Callable
 
 
 positive_int = int_in_range(1)
+ctx_size = int_in_range(1, 2**31 - 1)  # positions are llama_pos (int32)
 n_predict = int_in_range(1, also=(-1,))
 threads = int_in_range(1, also=(-1,))
 port = int_in_range(1, 65535)

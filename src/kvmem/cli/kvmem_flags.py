@@ -145,7 +145,7 @@ def add_kvmem_arguments(parser: argparse.ArgumentParser) -> None:
         type=_layer_list,
         default=(),
         metavar="L1,L2,...",
-        help="attention layers used for scoring (default: all)",
+        help="attention layers used for scoring (default: 8 spread over the depth)",
     )
     group.add_argument(
         "--kvmem-trace",

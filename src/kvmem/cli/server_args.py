@@ -44,7 +44,7 @@ SERVER_FLAGS: tuple[FlagSpec, ...] = (
       metavar="FNAME", shown_default="the embedded SmolLM2-135M-Instruct"),
     F(("-a", "--alias"), "alias", "model name in /v1/models", t.non_empty, None, "LLAMA_ARG_ALIAS",
       metavar="NAME", shown_default="the model file name"),
-    F(("-c", "--ctx-size"), "ctx_size", "logical context size in tokens", t.positive_int, None,
+    F(("-c", "--ctx-size"), "ctx_size", "logical context size in tokens", t.ctx_size, None,
       "LLAMA_ARG_CTX_SIZE", metavar="N", shown_default="the model's training context"),
     F(("-n", "--n-predict", "--predict"), "n_predict", "max tokens per response, -1 = no cap",
       t.n_predict, -1, "LLAMA_ARG_N_PREDICT", metavar="N"),

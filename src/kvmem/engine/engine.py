@@ -17,9 +17,10 @@ import numpy as np
 from kvmem.config import KVCacheTypes, KVMemConfig
 from kvmem.errors import ConfigError
 from kvmem.memory.planner import RetrievalMethod
-from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex
+from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.rope import k_rotation_size
 
+from .background_index import BackgroundIndex
 from .context import ContextSettings, LlamaContext
 from .llama_lib import ggml_base
 from .model import LlamaModel, ModelInfo, resolve_model_path
@@ -74,6 +75,7 @@ class Engine:
         kv = settings.kvmem
         cells = min(kv.gpu_cells, n_ctx) if kv.enabled else n_ctx
         self.tracer = Tracer(kv.trace, trace_stream)
+        self.key_geometry: KeyGeometry | None = None
         index, capture = self._retrieval_parts()
         ctx_settings = ContextSettings(
             n_cells=cells,
@@ -103,10 +105,9 @@ class Engine:
         if not kv.enabled:
             return None, None
         if info.rope is None:
-            if kv.method is RetrievalMethod.RETRIEVAL:
-                logger.warning("rope type not supported for scoring: falling back to recency")
+            logger.warning("rope type not supported for scoring: falling back to recency")
             return None, None
-        layers = kv.score_layers or tuple(range(info.n_layer))
+        layers = kv.score_layers or default_score_layers(info.n_layer)
         if any(layer >= info.n_layer for layer in layers):
             raise ConfigError("--kvmem-score-layers", f"the model has {info.n_layer} layers")
         k_type = self.settings.cache_types.k
@@ -121,7 +122,12 @@ class Engine:
             rope=info.rope,
             k_rotation=rotation,
         )
-        return RetrievalIndex(geometry, layers), QueryCapture(ggml_base(), layers)
+        self.key_geometry = geometry
+        capture = QueryCapture(ggml_base(), layers)  # recency captures too (for coverage)
+        if kv.method is not RetrievalMethod.RETRIEVAL:
+            return None, capture  # recency needs no block summaries
+        workers = max(1, min(4, (os.cpu_count() or 2) // 4))
+        return BackgroundIndex(geometry, layers, workers), capture
 
     # text ------------------------------------------------------------------------------
     def tokenize(
@@ -211,6 +217,8 @@ class Engine:
         self.session.reset()
 
     def close(self) -> None:
+        if isinstance(self.session.index, BackgroundIndex):
+            self.session.index.close()
         self.ctx.close()
         self.model.close()
 

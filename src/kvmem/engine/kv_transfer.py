@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from kvmem.errors import KVTransferError
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.host_store import BlockKV, HostStore
-from kvmem.memory.retrieval_index import RetrievalIndex
+from kvmem.memory.retrieval_index import BlockKeys, RetrievalIndex
 
 from .context import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ, LlamaContext
 from .state_codec import StateLayout, build_state, parse_state, split_blocks
@@ -78,9 +78,9 @@ class KVTransfer:
         n_bytes = 0
         for block in blocks:
             self.store.put(block)
-            if self.index is not None:
-                self.index.add(block.block_id, block.positions, block.k)
             n_bytes += block.nbytes
+        if self.index is not None:
+            self.index.add_blocks([BlockKeys(b.block_id, b.positions, b.k) for b in blocks])
         self.table.mark_in_host([b.block_id for b in blocks])
         return TransferResult(len(blocks), n_bytes, (time.perf_counter() - t0) * 1e3)
 

@@ -83,6 +83,10 @@ class LlamaModel:
         init_backend()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        # llama.cpp's CPU "extra" buffer types (weight repacking, AMX) are off unless
+        # KVMEM_CPU_EXTRA_BUFTS=1: a native build on a CPU that reports AMX inside a VM that
+        # does not enable it dies with SIGILL (tilezero) on the first batch.
+        params.use_extra_bufts = os.environ.get("KVMEM_CPU_EXTRA_BUFTS", "0") not in ("", "0")
         ptr = llama_cpp.llama_model_load_from_file(path.encode(), params)
         if not ptr:
             raise ModelLoadError(f"llama.cpp failed to load the model {path}")

@@ -101,7 +101,7 @@ class KVMemSession:
         stats = self._start_turn(prompt)
         sampler = Sampler(self.ctx.model.vocab, sampling, grammar, banned_tokens)
         finish = FinishReason.STOP
-        t_decode = 0.0
+        t0: float | None = None  # decode time also counts when the consumer closes us early
         try:
             self._prefill(prompt, query, stats)
             gen_start = self.table.n_tokens
@@ -123,10 +123,9 @@ class KVMemSession:
                     finish = FinishReason.LENGTH
                     break
                 self._decode([token], stats, want_all_logits=False, gen_start=gen_start)
-            t_decode = time.perf_counter() - t0
         finally:
             sampler.close()
-            stats.decode_ms = t_decode * 1e3
+            stats.decode_ms = 0.0 if t0 is None else (time.perf_counter() - t0) * 1e3
             self._end_turn(stats, finish)
 
     def teacher_force(

@@ -141,7 +141,7 @@ def split_blocks(state: SeqState, block_tokens: int) -> list[BlockKV]:
     for idx in np.split(np.arange(len(order)), bounds):
         if len(idx) == 0:
             continue
-        cells = order[idx]
+        cells = _cell_selector(order[idx])
         blocks.append(
             BlockKV(
                 block_id=int(block_of[idx[0]]),
@@ -151,6 +151,15 @@ def split_blocks(state: SeqState, block_tokens: int) -> list[BlockKV]:
             )
         )
     return blocks
+
+
+def _cell_selector(cells: np.ndarray) -> slice | np.ndarray:
+    """A slice when the cells are one ascending run (zero-copy views of the state), else
+    the index array (a gather)."""
+    first, last = int(cells[0]), int(cells[-1])
+    if last - first + 1 == len(cells) and bool(np.all(np.diff(cells) == 1)):
+        return slice(first, last + 1)
+    return cells
 
 
 def build_state(layout: StateLayout, blocks: Sequence[BlockKV], seq_id: int) -> bytes:

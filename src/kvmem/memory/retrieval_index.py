@@ -54,6 +54,30 @@ class KeyGeometry:
         return self.k_type.row_bytes(self.n_embd_k)
 
 
+DEFAULT_SCORED_LAYERS = 8
+
+
+def default_score_layers(n_layer: int, count: int = DEFAULT_SCORED_LAYERS) -> tuple[int, ...]:
+    """`count` attention layers spread evenly over layers 1 .. n_layer - 1 (all when few).
+
+    Summarizing and scoring cost grows with the layers used; a spread subset keeps the
+    per-block summary and per-turn scoring small on deep models (36 layers: 4.5x less).
+    """
+    if n_layer <= count + 1:
+        return tuple(range(n_layer))
+    picks = np.linspace(1, n_layer - 1, count)  # [count]
+    return tuple(sorted({int(round(float(x))) for x in picks}))
+
+
+@dataclass(frozen=True, slots=True)
+class BlockKeys:
+    """The keys of one block, as the host store holds them."""
+
+    block_id: int
+    positions: np.ndarray  # int [n_tokens]
+    k_rows: Sequence[np.ndarray]  # per attention layer: uint8 [n_tokens, k_row_bytes]
+
+
 class RetrievalIndex:
     """Mean content-frame keys of the blocks in the history, for the layers scored."""
 
@@ -90,6 +114,41 @@ class RetrievalIndex:
         BlockKV.k), uint8 [n_tokens, k_row_bytes].
         """
         self._set(block_id, self._block_means(positions, k_rows))
+
+    def add_blocks(self, blocks: Sequence[BlockKeys]) -> None:
+        """Summarize several blocks at once (one dequantization and RoPE pass)."""
+        self.put([b.block_id for b in blocks], self.summarize(blocks))
+
+    def summarize(self, blocks: Sequence[BlockKeys]) -> np.ndarray:
+        """float32 [n_blocks, n_scored, n_head_kv, head_dim]: the blocks' mean content keys.
+
+        Pure (reads only the geometry), so it may run on another thread than the index.
+        Blocks of equal length are processed in one batch.
+        """
+        if not blocks:
+            g = self._geometry
+            return np.zeros((0, len(self._layers), g.n_head_kv, g.head_dim), dtype=np.float32)
+        n_tokens = {len(b.positions) for b in blocks}
+        if len(n_tokens) != 1:
+            return np.stack([self._block_means(b.positions, b.k_rows) for b in blocks])
+        n = n_tokens.pop()
+        positions = np.concatenate([np.asarray(b.positions) for b in blocks])  # [n_blocks * n]
+        k_rows = [
+            np.concatenate([b.k_rows[layer] for b in blocks])
+            if layer in self._layers
+            else blocks[0].k_rows[layer]
+            for layer in range(len(blocks[0].k_rows))
+        ]  # per layer: [n_blocks * n, k_row_bytes] (only the scored layers are used)
+        content = self._content_keys(positions, k_rows)  # [n_blocks*n, n_scored, n_kv, hd]
+        per_block = content.reshape(len(blocks), n, *content.shape[1:])
+        return per_block.mean(axis=1, dtype=np.float64).astype(np.float32)
+
+    def put(self, block_ids: Sequence[int], means: np.ndarray) -> None:
+        """Store summaries made by `summarize` (means: [n_blocks, n_scored, n_kv, head_dim])."""
+        if means.shape != (len(block_ids), *self._means.shape[1:]):
+            raise MemoryLayoutError(f"summaries {list(means.shape)} do not fit this index")
+        for block_id, block_means in zip(block_ids, means, strict=True):
+            self._set(block_id, block_means)
 
     def remove(self, block_ids: Iterable[int]) -> None:
         """Forget blocks; ids not in the index are ignored."""
@@ -129,6 +188,12 @@ class RetrievalIndex:
     # internals ---------------------------------------------------------------------
 
     def _block_means(self, positions: np.ndarray, k_rows: Sequence[np.ndarray]) -> np.ndarray:
+        content = self._content_keys(positions, k_rows)  # [n_tokens, n_scored, n_kv, head_dim]
+        mean = content.mean(axis=0, dtype=np.float64)  # [n_scored, n_head_kv, head_dim]
+        return mean.astype(np.float32)
+
+    def _content_keys(self, positions: np.ndarray, k_rows: Sequence[np.ndarray]) -> np.ndarray:
+        """float32 [n_tokens, n_scored, n_head_kv, head_dim]: keys with RoPE removed."""
         g = self._geometry
         pos = np.asarray(positions)  # [n_tokens]
         n_tokens = pos.shape[0] if pos.ndim == 1 else -1
@@ -153,9 +218,7 @@ class RetrievalIndex:
         keys = keys.reshape(n_tokens, n_scored, g.n_head_kv, g.head_dim)
         if g.k_rotation:
             keys = undo_hadamard(keys, g.k_rotation)
-        content = remove_rope(keys, pos, g.rope)  # [n_tokens, n_scored, n_head_kv, head_dim]
-        mean = content.mean(axis=0, dtype=np.float64)  # [n_scored, n_head_kv, head_dim]
-        return mean.astype(np.float32)
+        return remove_rope(keys, pos, g.rope)  # [n_tokens, n_scored, n_head_kv, head_dim]
 
     def _set(self, block_id: int, block_means: np.ndarray) -> None:
         row = self._row_of.get(block_id)

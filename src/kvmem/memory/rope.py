@@ -66,7 +66,7 @@ def apply_rope(x: np.ndarray, positions: np.ndarray, params: RopeParams) -> np.n
     """Rotate x float32 [n_tokens, n_heads, head_dim] to `positions` int [n_tokens].
 
     Any number of middle axes is accepted (axis 0 is the token axis). Returns a new
-    float32 array of x's shape; angles and products are computed in float64.
+    float32 array of x's shape; angles are computed in float64, products in float32.
     """
     return _rotate(x, positions, params, sign=1.0)
 
@@ -86,13 +86,14 @@ def _rotate(x: np.ndarray, positions: np.ndarray, params: RopeParams, sign: floa
     head_dim = x.shape[-1]
     if params.n_rot > head_dim:
         raise MemoryLayoutError(f"n_rot={params.n_rot} is larger than head_dim={head_dim}")
-    theta = params.angles(pos)  # [n_tokens, half]
+    theta = params.angles(pos)  # [n_tokens, half], float64: positions reach 2**18 rad
     bshape = (theta.shape[0],) + (1,) * (x.ndim - 2) + (theta.shape[1],)
-    cos = np.cos(theta).reshape(bshape)  # [n_tokens, 1.., half]
-    sin = (sign * np.sin(theta)).reshape(bshape)  # [n_tokens, 1.., half]
-    src = np.asarray(x, dtype=np.float64)  # [n_tokens, ..., head_dim]
-    out = np.array(x, dtype=np.float32, copy=True)  # [n_tokens, ..., head_dim]
+    cos = np.cos(theta).astype(np.float32).reshape(bshape)  # [n_tokens, 1.., half]
+    sin = (sign * np.sin(theta)).astype(np.float32).reshape(bshape)  # [n_tokens, 1.., half]
+    src = np.asarray(x, dtype=np.float32)  # [n_tokens, ..., head_dim]
+    out = np.empty(src.shape, dtype=np.float32)  # [n_tokens, ..., head_dim]
     n_rot, half = params.n_rot, params.n_rot // 2
+    out[..., n_rot:] = src[..., n_rot:]
     if params.rope_type is RopeType.NORM:
         first, second = slice(0, n_rot, 2), slice(1, n_rot, 2)
     else:
@@ -149,5 +150,5 @@ def undo_hadamard(x: np.ndarray, nrot: int) -> np.ndarray:
     if nrot <= 0 or head_dim % nrot:
         raise MemoryLayoutError(f"head_dim={head_dim} is not a multiple of nrot={nrot}")
     h = _hadamard(nrot)  # [nrot, nrot]
-    chunks = np.asarray(x, dtype=np.float32).reshape(*x.shape[:-1], head_dim // nrot, nrot)
-    return (chunks @ h).reshape(x.shape).astype(np.float32, copy=False)  # [..., head_dim]
+    rows = np.asarray(x, dtype=np.float32).reshape(-1, nrot)  # [n_chunks, nrot]
+    return (rows @ h).reshape(x.shape)  # one GEMM: [..., head_dim]

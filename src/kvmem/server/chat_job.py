@@ -39,6 +39,7 @@ class ChatJob:
     reasoning: ReasoningMarkers | None = None
     reasoning_budget: int = -1
     budget_message: str = ""
+    ignore_eos: bool = False
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def turn_request(self, prompt: PromptTokens) -> TurnRequest:
@@ -54,6 +55,7 @@ class ChatJob:
             reasoning_budget=self.reasoning_budget,
             budget_message=self.budget_message,
             cancel=self.cancel,
+            ignore_eos=self.ignore_eos,
         )
 
 
@@ -134,4 +136,5 @@ def prepare_chat_job(
         reasoning=template.reasoning,
         reasoning_budget=plan.budget,
         budget_message=settings.budget_message,
+        ignore_eos=bool(request.ignore_eos),
     )

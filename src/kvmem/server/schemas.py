@@ -87,6 +87,7 @@ class ChatCompletionRequest(_Strict):
     reasoning_budget_tokens: int | None = None
     logprobs: bool | None = None
     user: str | None = None
+    ignore_eos: bool | None = None  # llama-server extension: never stop at end-of-generation
 
     @property
     def stop_list(self) -> tuple[str, ...]:
