@@ -235,3 +235,18 @@ def test_summarize_reads_partial_logs_and_other_commands(tmp_path: Path) -> None
     assert "partial (partial log)" in text
     assert summarize_rounds("x", records).new_tokens == 1000
     assert "agent" in text and "0.5000" in text
+
+
+def test_default_chars_per_token_fits_the_smollm2_tokenizer() -> None:
+    """The default sizing lands the tool results within 4% of their token share."""
+    import llama_cpp
+
+    from kvmem.engine import default_model_path
+
+    plan = ToolsPlan(rounds=11, target_tokens=120000, gen_tokens=256)
+    model = llama_cpp.Llama(str(default_model_path()), vocab_only=True, verbose=False)
+    share = plan.target_tokens - 12 * plan.gen_tokens  # tokens of all tool results
+    tool_texts = [m["content"] for m in build_conversations(plan)[-1] if m["role"] == "tool"]
+    assert len(tool_texts) == 12
+    n = sum(len(model.tokenize(t.encode(), add_bos=False, special=False)) for t in tool_texts)
+    assert abs(n - share) / share < 0.04, (n, share)

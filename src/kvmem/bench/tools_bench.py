@@ -28,7 +28,13 @@ from kvmem.bench.http_client import (
     wait_healthy,
 )
 from kvmem.bench.report import machine_description, write_json
-from kvmem.bench.tools_data import ToolFormat, ToolsPlan, build_conversations, request_body
+from kvmem.bench.tools_data import (
+    DEFAULT_CHARS_PER_TOKEN,
+    ToolFormat,
+    ToolsPlan,
+    build_conversations,
+    request_body,
+)
 from kvmem.bench.tools_records import (
     RoundRecord,
     make_record,
@@ -102,7 +108,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=strict_int, default=32)
     p.add_argument("--target-tokens", type=strict_int, default=262144)
     p.add_argument("--gen-tokens", type=strict_int, default=256, help="max_tokens of each request")
-    p.add_argument("--chars-per-token", type=strict_float, default=3.0)
+    p.add_argument("--chars-per-token", type=strict_float, default=DEFAULT_CHARS_PER_TOKEN)
     p.add_argument(
         "--tool-format", choices=[f.value for f in ToolFormat], default=ToolFormat.OPENAI.value
     )

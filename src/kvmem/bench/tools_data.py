@@ -42,6 +42,10 @@ TOOLS: list[dict[str, Any]] = [
 ]
 
 
+# measured: the SmolLM2 tokenizer on these tool outputs (tests/bench/test_tools_bench.py)
+DEFAULT_CHARS_PER_TOKEN = 2.57
+
+
 class ToolFormat(Enum):
     OPENAI = "openai"  # assistant tool_calls + role=tool messages with tool_call_id
     TEXT = "text"  # assistant <tool_call> text + role=tool messages
@@ -52,7 +56,7 @@ class ToolsPlan:
     rounds: int = 32
     target_tokens: int = 262144  # prompt + generation of the last request
     gen_tokens: int = 256  # max_tokens of every request
-    chars_per_token: float = 3.0
+    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
     seed: int = 0
     tool_format: ToolFormat = ToolFormat.OPENAI
 
