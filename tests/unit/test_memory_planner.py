@@ -11,6 +11,7 @@ from kvmem.memory.planner import (
     PlannerConfig,
     RetrievalMethod,
     WindowPlan,
+    needs_scores,
     plan_eviction,
     plan_window,
 )
@@ -233,3 +234,27 @@ def test_random_plans_match_reference() -> None:
         assert plan_eviction(config, sorted(on_gpu), cands, preferred, n) == _reference_eviction(
             config, on_gpu, cands, preferred, n
         )
+
+
+def test_needs_scores_exactly_when_scores_change_the_plan() -> None:
+    rng = random.Random(99)
+    for _ in range(3000):
+        config = PlannerConfig(
+            block_tokens=rng.choice([1, 4]),
+            budget_tokens=rng.randint(0, 40) * 4,
+            sink_blocks=rng.randint(0, 3),
+            recent_blocks=rng.randint(0, 4),
+            method=RET,
+        )
+        cands = sorted(rng.sample(range(40), rng.randint(0, 25)))
+        tail = rng.randint(0, 3 * config.block_tokens)
+        scores = {b: float(rng.randint(0, 5)) for b in cands}
+        with_scores = plan_window(config, cands, set(), scores, tail)
+        if needs_scores(config, len(cands), tail):
+            assert with_scores.retrieved  # free slots are filled by score
+        else:
+            assert plan_window(config, cands, set(), None, tail) == with_scores
+    assert not needs_scores(_config(method=REC), 100, 0)
+    assert needs_scores(_config(budget=24), 10, 0)  # 6 slots: sink 1 + recent 2 + 3 by score
+    assert not needs_scores(_config(budget=24), 6, 0)  # all fit
+    assert not needs_scores(_config(budget=24), 10, 12)  # the tail leaves sink + recent only

@@ -18,6 +18,7 @@ from kvmem.memory.planner import (
     PlannerConfig,
     RetrievalMethod,
     WindowPlan,
+    needs_scores,
     plan_eviction,
     plan_window,
 )
@@ -148,7 +149,8 @@ class GpuWindow:
         on_gpu = [b for b in t.gpu_blocks() if b < pin_block]
         scores = None
         method = c.method
-        if method is RetrievalMethod.RETRIEVAL and len(candidates) * bt + tail_tokens > c.budget:
+        wants_scores = needs_scores(self.planner_config(method), len(candidates), tail_tokens)
+        if method is RetrievalMethod.RETRIEVAL and wants_scores:
             if query is not None and self.index is not None and candidates:
                 ts = time.perf_counter()
                 values = score_blocks(self.index, candidates, query)

@@ -98,6 +98,19 @@ def plan_window(
     return _diff(sink + retrieved + recent, sink, recent, retrieved, on_gpu)
 
 
+def needs_scores(config: PlannerConfig, n_candidates: int, tail_tokens: int) -> bool:
+    """Whether `plan_window` would rank blocks by score: some candidates do not fit and
+    slots remain after the sink and the recent blocks. Scoring is skipped otherwise."""
+    if config.method is RetrievalMethod.RECENCY:
+        return False
+    slots = window_slots(config, tail_tokens)
+    if n_candidates <= slots:
+        return False
+    n_sink = min(config.sink_blocks, n_candidates, slots)
+    n_recent = min(config.recent_blocks, slots - n_sink)
+    return slots - n_sink - n_recent > 0 and n_candidates > n_sink + n_recent
+
+
 def plan_eviction(
     config: PlannerConfig,
     on_gpu: Sequence[int],
