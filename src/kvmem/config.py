@@ -11,6 +11,7 @@ from enum import Enum
 from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import GgmlType, parse_kv_type
 from kvmem.memory.planner import RetrievalMethod
+from kvmem.memory.scorer import ScoreMode
 
 
 class QueryReplay(Enum):
@@ -65,6 +66,7 @@ class KVMemConfig:
     query_policy: QueryPolicy = QueryPolicy.USER
     query_max_tokens: int = 512
     score_layers: tuple[int, ...] = ()  # empty: 8 layers spread over the depth
+    score_mode: ScoreMode = ScoreMode.KEY_BOUND
     trace: bool = False
 
     def validate(self) -> None:

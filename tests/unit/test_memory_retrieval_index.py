@@ -114,6 +114,9 @@ def test_block_mean_matches_loop(k_type: GgmlType, rope_type: RopeType, k_rotati
     # and the pipeline recovers the content-frame mean that went in, up to the cache's precision
     tolerance = 5e-3 if k_type is GgmlType.F16 else 3e-2
     np.testing.assert_allclose(got[0], content[list(SCORED)].mean(axis=1), rtol=0, atol=tolerance)
+    lo, hi = index.bounds([1])  # per-channel min / max of the content-frame keys
+    np.testing.assert_allclose(lo[0], content[list(SCORED)].min(axis=1), rtol=0, atol=tolerance)
+    np.testing.assert_allclose(hi[0], content[list(SCORED)].max(axis=1), rtol=0, atol=tolerance)
 
 
 def _small_index() -> tuple[RetrievalIndex, KeyGeometry]:
@@ -143,7 +146,7 @@ def test_add_remove_grow_and_order() -> None:
     index.add(4, zeros, _const_block(g, -1.0))  # replaces
     assert len(index) == 97
     assert index.means([4])[0, 0, 0].tolist() == [-1.0] * 4
-    assert index.nbytes == 128 * 1 * 1 * 4 * 4  # capacity doubled from 64 to 128 rows
+    assert index.nbytes == 128 * 3 * 1 * 1 * 4 * 4  # capacity doubled to 128 rows of 3 stats
 
 
 def test_means_is_a_copy() -> None:
@@ -192,7 +195,10 @@ def test_add_blocks_batched_equals_one_by_one(k_type: GgmlType) -> None:
     ids = [4, 5, 9, 11]
     np.testing.assert_allclose(batched.means(ids), one_by_one.means(ids), rtol=0, atol=1e-6)
     summaries = batched.summarize(blocks)  # mixed lengths: per-block fallback
-    np.testing.assert_allclose(summaries, one_by_one.means(ids), rtol=0, atol=1e-6)
+    # [n_blocks, (mean, min, max), n_scored, n_kv, head_dim]
+    np.testing.assert_allclose(summaries[:, 0], one_by_one.means(ids), rtol=0, atol=1e-6)
+    for got, want in zip(batched.bounds(ids), one_by_one.bounds(ids), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     with pytest.raises(MemoryLayoutError):
         batched.put([1], summaries)  # 4 summaries for 1 id
 

@@ -12,7 +12,7 @@ from kvmem.memory import scorer
 from kvmem.memory.ggml_types import GgmlType
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex
 from kvmem.memory.rope import RopeParams, RopeType, apply_rope
-from kvmem.memory.scorer import QueryVectors, score_blocks
+from kvmem.memory.scorer import QueryVectors, ScoreMode, score_blocks
 
 N_LAYER, N_HEAD, N_HEAD_KV, HEAD_DIM = 3, 4, 2, 8
 
@@ -47,9 +47,26 @@ def _unrope_loop(vec: list[float], pos: int, params: RopeParams) -> list[float]:
     return out
 
 
-def _score_loop(index: RetrievalIndex, block_ids: list[int], query: QueryVectors) -> list[float]:
+def _score_loop(
+    index: RetrievalIndex,
+    block_ids: list[int],
+    query: QueryVectors,
+    mode: ScoreMode = ScoreMode.KEY_BOUND,
+) -> list[float]:
     g = index.geometry
     means = index.means(block_ids).astype(np.float64)  # [n_blocks, n_scored, n_head_kv, head_dim]
+    mins, maxs = (a.astype(np.float64) for a in index.bounds(block_ids))  # [n_blocks, ...]
+
+    def logit(vec: list[float], b: int, j: int, kvh: int) -> float:
+        if mode is ScoreMode.MEAN_KEY:
+            dot = sum(vec[d] * means[b, j, kvh, d] for d in range(g.head_dim))
+        else:  # the largest q.k any key within the per-channel [min, max] box can reach
+            dot = sum(
+                max(vec[d] * mins[b, j, kvh, d], vec[d] * maxs[b, j, kvh, d])
+                for d in range(g.head_dim)
+            )
+        return dot / math.sqrt(g.head_dim)
+
     totals = [0.0] * len(block_ids)
     n_layers = 0
     for j, layer in enumerate(index.layers):
@@ -63,11 +80,7 @@ def _score_loop(index: RetrievalIndex, block_ids: list[int], query: QueryVectors
             for h in range(n_head):
                 kvh = h // (n_head // g.n_head_kv)
                 vec = _unrope_loop([float(x) for x in q[t, h]], int(query.positions[t]), g.rope)
-                logits = [
-                    sum(vec[d] * means[b, j, kvh, d] for d in range(g.head_dim))
-                    / math.sqrt(g.head_dim)
-                    for b in range(len(block_ids))
-                ]
+                logits = [logit(vec, b, j, kvh) for b in range(len(block_ids))]
                 top = max(logits)
                 exps = [math.exp(x - top) for x in logits]
                 for b in range(len(block_ids)):
@@ -77,8 +90,9 @@ def _score_loop(index: RetrievalIndex, block_ids: list[int], query: QueryVectors
     return [x / n_layers for x in totals]
 
 
+@pytest.mark.parametrize("mode", [ScoreMode.KEY_BOUND, ScoreMode.MEAN_KEY])
 @pytest.mark.parametrize("rope_type", [RopeType.NORM, RopeType.NEOX])
-def test_scores_match_loop(rope_type: RopeType) -> None:
+def test_scores_match_loop(rope_type: RopeType, mode: ScoreMode) -> None:
     g = _geometry(rope_type)
     rng = np.random.default_rng(4)
     index = _build_index(g, n_blocks=6, rng=rng)
@@ -91,10 +105,10 @@ def test_scores_match_loop(rope_type: RopeType) -> None:
         },
     )
     block_ids = [5, 0, 3, 2]
-    got = score_blocks(index, block_ids, query)
+    got = score_blocks(index, block_ids, query, mode=mode)
     assert got.dtype == np.float32
     assert got.shape == (4,)
-    np.testing.assert_allclose(got, _score_loop(index, block_ids, query), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got, _score_loop(index, block_ids, query, mode), rtol=0, atol=1e-6)
     assert float(got.sum()) == pytest.approx(1.0, abs=1e-6)
 
 

@@ -14,6 +14,7 @@ from kvmem.config import KVCacheTypes, KVMemConfig, QueryPolicy, QueryReplay
 from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import KV_TYPE_NAMES
 from kvmem.memory.planner import RetrievalMethod
+from kvmem.memory.scorer import ScoreMode
 
 _DEFAULTS = KVMemConfig()
 
@@ -122,6 +123,13 @@ def add_kvmem_arguments(parser: argparse.ArgumentParser) -> None:
         help="block selection (default: retrieval)",
     )
     group.add_argument(
+        "--kvmem-score-mode",
+        choices=[m.value for m in ScoreMode],
+        default=_DEFAULTS.score_mode.value,
+        help="block summary scored against the query: bound (per-channel min/max, as in "
+        "Quest) or mean (mean key) (default: bound)",
+    )
+    group.add_argument(
         "--kvmem-query-replay",
         choices=[m.value for m in QueryReplay],
         default=_DEFAULTS.query_replay.value,
@@ -199,6 +207,7 @@ def kvmem_config_from_args(ns: argparse.Namespace, trace_env: bool = False) -> K
         query_policy=QueryPolicy(ns.kvmem_query_policy),
         query_max_tokens=ns.kvmem_query_max_tokens,
         score_layers=ns.kvmem_score_layers,
+        score_mode=ScoreMode(ns.kvmem_score_mode),
         trace=trace,
     )
     config.validate()

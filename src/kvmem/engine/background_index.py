@@ -60,6 +60,10 @@ class BackgroundIndex(RetrievalIndex):
         self.flush()
         return super().means(block_ids)
 
+    def bounds(self, block_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        self.flush()
+        return super().bounds(block_ids)
+
     def block_ids(self) -> tuple[int, ...]:
         self.flush()
         return super().block_ids()

@@ -153,8 +153,11 @@ class GpuWindow:
         if method is RetrievalMethod.RETRIEVAL and wants_scores:
             if query is not None and self.index is not None and candidates:
                 ts = time.perf_counter()
-                values = score_blocks(self.index, candidates, query)
-                scores = {b: float(s) for b, s in zip(candidates, values, strict=True)}
+                # the sink and the recent blocks are kept by position: they take no part in
+                # the ranking, and leaving them out keeps them from absorbing the softmax
+                ranked = candidates[c.sink_blocks : len(candidates) - c.recent_blocks]
+                values = score_blocks(self.index, ranked, query, mode=c.score_mode)
+                scores = {b: float(s) for b, s in zip(ranked, values, strict=True)}
                 stats.score_ms += (time.perf_counter() - ts) * 1e3
             else:
                 method = RetrievalMethod.RECENCY

@@ -1,9 +1,11 @@
-"""Per-block mean keys in the content frame, the summary retrieval scores against.
+"""Per-block summaries of the keys in the content frame, which retrieval scores against.
 
-For every block and every scored attention layer the index keeps the mean over the
-block's tokens of its keys with RoPE removed (and, for a rotated quantized K cache, the
-Hadamard rotation undone first): float32 [n_layers_scored, n_head_kv, head_dim].
-The means live in one contiguous array so that scoring is a single batched product.
+For every block and every scored attention layer the index keeps, over the block's
+tokens, the mean and the per-channel min and max of its keys with RoPE removed (and, for
+a rotated quantized K cache, the Hadamard rotation undone first): float32
+[3, n_layers_scored, n_head_kv, head_dim]. The min/max give an upper bound of q.k over the
+block's keys (as in Quest), which finds a few relevant tokens that a mean dilutes.
+The summaries live in one contiguous array so that scoring is a single batched product.
 """
 
 from __future__ import annotations
@@ -55,6 +57,14 @@ class KeyGeometry:
 
 
 DEFAULT_SCORED_LAYERS = 8
+N_STATS = 3  # the per-block statistics kept, along axis 1 of the summaries:
+STAT_MEAN, STAT_MIN, STAT_MAX = 0, 1, 2
+
+
+def _stats_over_tokens(content: np.ndarray, axis: int) -> np.ndarray:
+    """float32 (mean, min, max) over the token `axis`, stacked on a new axis at `axis`."""
+    mean = content.mean(axis=axis, dtype=np.float64).astype(np.float32)
+    return np.stack([mean, content.min(axis=axis), content.max(axis=axis)], axis=axis)
 
 
 def default_score_layers(n_layer: int, count: int = DEFAULT_SCORED_LAYERS) -> tuple[int, ...]:
@@ -93,8 +103,9 @@ class RetrievalIndex:
             )
         self._geometry = geometry
         self._layers = chosen
-        shape = (_INITIAL_CAPACITY, len(chosen), geometry.n_head_kv, geometry.head_dim)
-        self._means = np.zeros(shape, dtype=np.float32)  # [capacity, n_scored, n_head_kv, head_dim]
+        shape = (_INITIAL_CAPACITY, N_STATS, len(chosen), geometry.n_head_kv, geometry.head_dim)
+        # [capacity, (mean, min, max), n_scored, n_head_kv, head_dim]
+        self._stats = np.zeros(shape, dtype=np.float32)
         self._row_of: dict[int, int] = {}
         self._id_of_row: list[int] = []
 
@@ -113,7 +124,7 @@ class RetrievalIndex:
         positions int [n_tokens]; k_rows per attention layer (all of them, like
         BlockKV.k), uint8 [n_tokens, k_row_bytes].
         """
-        self._set(block_id, self._block_means(positions, k_rows))
+        self._set(block_id, self._block_summary(positions, k_rows))
 
     def add_blocks(self, blocks: Sequence[BlockKeys]) -> None:
         """Summarize several blocks at once (one dequantization and RoPE pass)."""
@@ -130,7 +141,7 @@ class RetrievalIndex:
             return np.zeros((0, len(self._layers), g.n_head_kv, g.head_dim), dtype=np.float32)
         n_tokens = {len(b.positions) for b in blocks}
         if len(n_tokens) != 1:
-            return np.stack([self._block_means(b.positions, b.k_rows) for b in blocks])
+            return np.stack([self._block_summary(b.positions, b.k_rows) for b in blocks])
         n = n_tokens.pop()
         positions = np.concatenate([np.asarray(b.positions) for b in blocks])  # [n_blocks * n]
         k_rows = [
@@ -141,11 +152,11 @@ class RetrievalIndex:
         ]  # per layer: [n_blocks * n, k_row_bytes] (only the scored layers are used)
         content = self._content_keys(positions, k_rows)  # [n_blocks*n, n_scored, n_kv, hd]
         per_block = content.reshape(len(blocks), n, *content.shape[1:])
-        return per_block.mean(axis=1, dtype=np.float64).astype(np.float32)
+        return _stats_over_tokens(per_block, axis=1)  # [n_blocks, 3, n_scored, n_kv, hd]
 
     def put(self, block_ids: Sequence[int], means: np.ndarray) -> None:
         """Store summaries made by `summarize` (means: [n_blocks, n_scored, n_kv, head_dim])."""
-        if means.shape != (len(block_ids), *self._means.shape[1:]):
+        if means.shape != (len(block_ids), *self._stats.shape[1:]):
             raise MemoryLayoutError(f"summaries {list(means.shape)} do not fit this index")
         for block_id, block_means in zip(block_ids, means, strict=True):
             self._set(block_id, block_means)
@@ -159,7 +170,7 @@ class RetrievalIndex:
             last = len(self._id_of_row) - 1
             moved = self._id_of_row.pop()
             if row != last:  # keep rows [0, n) dense: move the last row into the hole
-                self._means[row] = self._means[last]
+                self._stats[row] = self._stats[last]
                 self._id_of_row[row] = moved
                 self._row_of[moved] = row
 
@@ -174,23 +185,31 @@ class RetrievalIndex:
 
     def means(self, block_ids: Sequence[int]) -> np.ndarray:
         """float32 [n_blocks, n_layers_scored, n_head_kv, head_dim], a new array."""
+        return self._stats[self._rows(block_ids), STAT_MEAN]
+
+    def _rows(self, block_ids: Sequence[int]) -> np.ndarray:
         try:
             rows = np.fromiter((self._row_of[b] for b in block_ids), dtype=np.int64)  # [n_blocks]
         except KeyError as exc:
             raise MemoryLayoutError(f"block {exc.args[0]} is not in the retrieval index") from None
-        return self._means[rows]
+        return rows
+
+    def bounds(self, block_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Per-channel (min, max) of the content keys: two float32
+        [n_blocks, n_layers_scored, n_head_kv, head_dim] arrays."""
+        rows = self._rows(block_ids)  # [n_blocks]
+        return self._stats[rows, STAT_MIN], self._stats[rows, STAT_MAX]
 
     @property
     def nbytes(self) -> int:
         """Bytes allocated for the means (capacity, not only the rows in use)."""
-        return int(self._means.nbytes)
+        return int(self._stats.nbytes)
 
     # internals ---------------------------------------------------------------------
 
-    def _block_means(self, positions: np.ndarray, k_rows: Sequence[np.ndarray]) -> np.ndarray:
+    def _block_summary(self, positions: np.ndarray, k_rows: Sequence[np.ndarray]) -> np.ndarray:
         content = self._content_keys(positions, k_rows)  # [n_tokens, n_scored, n_kv, head_dim]
-        mean = content.mean(axis=0, dtype=np.float64)  # [n_scored, n_head_kv, head_dim]
-        return mean.astype(np.float32)
+        return _stats_over_tokens(content, axis=0)  # [3, n_scored, n_head_kv, head_dim]
 
     def _content_keys(self, positions: np.ndarray, k_rows: Sequence[np.ndarray]) -> np.ndarray:
         """float32 [n_tokens, n_scored, n_head_kv, head_dim]: keys with RoPE removed."""
@@ -224,11 +243,11 @@ class RetrievalIndex:
         row = self._row_of.get(block_id)
         if row is None:
             row = len(self._id_of_row)
-            if row == self._means.shape[0]:
+            if row == self._stats.shape[0]:
                 # [2 * capacity, n_scored, n_head_kv, head_dim]
-                grown = np.zeros((2 * row, *self._means.shape[1:]), dtype=np.float32)
-                grown[:row] = self._means
-                self._means = grown
+                grown = np.zeros((2 * row, *self._stats.shape[1:]), dtype=np.float32)
+                grown[:row] = self._stats
+                self._stats = grown
             self._row_of[block_id] = row
             self._id_of_row.append(block_id)
-        self._means[row] = block_means
+        self._stats[row] = block_means

@@ -1,9 +1,11 @@
-"""Block scores: a block-level attention estimate of the query against the mean keys.
+"""Block scores: a block-level attention estimate of the query against the block summaries.
 
 For every scored layer that the query has vectors for, the query tokens (RoPE removed)
-attend over the blocks' mean keys (softmax over blocks, per token and query head);
-the resulting distributions are averaged over tokens, heads and layers. Grouped-query
-attention maps query head h to KV head h // (n_head // n_head_kv), as llama.cpp does.
+attend over the blocks (softmax over blocks, per token and query head), each block
+standing in with the upper bound of q.k over its keys, from the per-channel min/max
+(`ScoreMode.KEY_BOUND`, as in Quest), or with its mean key (`ScoreMode.MEAN_KEY`); the
+distributions are averaged over tokens, heads and layers. Grouped-query attention maps
+query head h to KV head h // (n_head // n_head_kv), as llama.cpp does.
 
 Cost: n_layers x n_tokens x n_head x n_blocks logits, each a head_dim dot product and
 an exp. The logits are computed in chunks of `_CHUNK_ELEMENTS`; with `workers > 1` the
@@ -17,6 +19,7 @@ import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
@@ -27,6 +30,13 @@ from kvmem.memory.rope import remove_rope
 logger = logging.getLogger(__name__)
 
 _CHUNK_ELEMENTS = 1 << 22  # logits computed at once per task (16 MiB of float32)
+
+
+class ScoreMode(Enum):
+    """How a block's keys stand in for it when a query token attends to it."""
+
+    KEY_BOUND = "bound"  # upper bound of q.k from per-channel min/max (Quest): the default
+    MEAN_KEY = "mean"  # q . mean key
 
 
 @dataclass(slots=True)
@@ -43,8 +53,8 @@ class _Chunk:
     """Some query rows of one layer against every block."""
 
     layer_pos: int  # index into the layers used
-    queries: np.ndarray  # float32 [n_kv, n_rows, head_dim], RoPE removed
-    keys: np.ndarray  # float32 [n_kv, head_dim, n_blocks], mean keys of the layer
+    queries: np.ndarray  # float32 [n_kv, n_rows, d'], RoPE removed (d' = 2 head_dim: [q+, q-])
+    keys: np.ndarray  # float32 [n_kv, d', n_blocks], the layer's mean keys or [max; min]
 
 
 def score_blocks(
@@ -53,6 +63,7 @@ def score_blocks(
     query: QueryVectors,
     *,
     workers: int = 1,
+    mode: ScoreMode = ScoreMode.KEY_BOUND,
 ) -> np.ndarray:
     """float32 [n_blocks]: the estimated attention mass of each block; sums to 1.
 
@@ -71,7 +82,7 @@ def score_blocks(
             f"none of the scored layers {list(index.layers)}"
         )
     positions = np.asarray(query.positions)  # [n_tokens]
-    means = index.means(ids)  # [n_blocks, n_scored, n_head_kv, head_dim]
+    keys_by_layer = _block_keys(index, ids, mode)  # [n_blocks, n_scored, n_kv, d or 2d]
     n_blocks, n_kv = len(ids), geometry.n_head_kv
     chunks: list[_Chunk] = []
     n_rows: list[int] = []  # per used layer: query rows (tokens x heads)
@@ -83,7 +94,10 @@ def score_blocks(
         # query head h = kvh * group + g attends with KV head kvh: [n_kv, n_tokens * group, head_dim]
         grouped = content.reshape(n_tokens, n_kv, group, head_dim).transpose(1, 0, 2, 3)
         grouped = np.ascontiguousarray(grouped).reshape(n_kv, n_tokens * group, head_dim)
-        keys = np.ascontiguousarray(means[:, j].transpose(1, 2, 0))  # [n_kv, head_dim, n_blocks]
+        if mode is ScoreMode.KEY_BOUND:
+            # max(q.min, q.max) per channel = q+ . max + q- . min: one product on [q+, q-]
+            grouped = np.concatenate([np.maximum(grouped, 0), np.minimum(grouped, 0)], axis=-1)
+        keys = np.ascontiguousarray(keys_by_layer[:, j].transpose(1, 2, 0))  # [n_kv, d', n_blocks]
         step = max(1, _CHUNK_ELEMENTS // (n_kv * n_blocks))
         for r0 in range(0, n_tokens * group, step):
             chunks.append(_Chunk(pos, grouped[:, r0 : r0 + step], keys))
@@ -99,6 +113,14 @@ def score_blocks(
         per_layer[chunk.layer_pos] += partial
     per_layer /= np.asarray(n_rows, dtype=np.float64)[:, None]
     return per_layer.mean(axis=0).astype(np.float32)  # [n_blocks]
+
+
+def _block_keys(index: RetrievalIndex, ids: list[int], mode: ScoreMode) -> np.ndarray:
+    """float32 [n_blocks, n_scored, n_kv, head_dim] means, or [..., 2 * head_dim] (max, min)."""
+    if mode is ScoreMode.MEAN_KEY:
+        return index.means(ids)
+    mins, maxs = index.bounds(ids)
+    return np.concatenate([maxs, mins], axis=-1)
 
 
 def _softmax_column_sum(chunk: _Chunk, scale: np.float32) -> np.ndarray:
