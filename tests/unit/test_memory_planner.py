@@ -11,9 +11,9 @@ from kvmem.memory.planner import (
     PlannerConfig,
     RetrievalMethod,
     WindowPlan,
-    needs_scores,
     plan_eviction,
     plan_window,
+    scored_candidates,
 )
 
 RET, REC = RetrievalMethod.RETRIEVAL, RetrievalMethod.RECENCY
@@ -236,7 +236,7 @@ def test_random_plans_match_reference() -> None:
         )
 
 
-def test_needs_scores_exactly_when_scores_change_the_plan() -> None:
+def test_scored_candidates_are_exactly_the_blocks_the_plan_ranks() -> None:
     rng = random.Random(99)
     for _ in range(3000):
         config = PlannerConfig(
@@ -250,11 +250,16 @@ def test_needs_scores_exactly_when_scores_change_the_plan() -> None:
         tail = rng.randint(0, 3 * config.block_tokens)
         scores = {b: float(rng.randint(0, 5)) for b in cands}
         with_scores = plan_window(config, cands, set(), scores, tail)
-        if needs_scores(config, len(cands), tail):
+        ranked = scored_candidates(config, cands, tail)
+        if ranked:
             assert with_scores.retrieved  # free slots are filled by score
+            assert set(ranked).isdisjoint(with_scores.sink + with_scores.recent)
+            only_ranked = {b: scores[b] for b in ranked}
+            assert plan_window(config, cands, set(), only_ranked, tail) == with_scores
         else:
             assert plan_window(config, cands, set(), None, tail) == with_scores
-    assert not needs_scores(_config(method=REC), 100, 0)
-    assert needs_scores(_config(budget=24), 10, 0)  # 6 slots: sink 1 + recent 2 + 3 by score
-    assert not needs_scores(_config(budget=24), 6, 0)  # all fit
-    assert not needs_scores(_config(budget=24), 10, 12)  # the tail leaves sink + recent only
+    assert scored_candidates(_config(method=REC), range(100), 0) == ()
+    # 6 slots: sink 0 + recent 8, 9, and 3 slots by score among blocks 1..7
+    assert scored_candidates(_config(budget=24), range(10), 0) == (1, 2, 3, 4, 5, 6, 7)
+    assert scored_candidates(_config(budget=24), range(6), 0) == ()  # all fit
+    assert scored_candidates(_config(budget=24), range(10), 12) == ()  # sink + recent only

@@ -18,9 +18,9 @@ from kvmem.memory.planner import (
     PlannerConfig,
     RetrievalMethod,
     WindowPlan,
-    needs_scores,
     plan_eviction,
     plan_window,
+    scored_candidates,
 )
 from kvmem.memory.retrieval_index import RetrievalIndex
 from kvmem.memory.scorer import QueryVectors, score_blocks
@@ -149,13 +149,12 @@ class GpuWindow:
         on_gpu = [b for b in t.gpu_blocks() if b < pin_block]
         scores = None
         method = c.method
-        wants_scores = needs_scores(self.planner_config(method), len(candidates), tail_tokens)
-        if method is RetrievalMethod.RETRIEVAL and wants_scores:
-            if query is not None and self.index is not None and candidates:
+        # only the blocks the plan ranks are scored: the sink and recent blocks are kept by
+        # position, and leaving them out keeps them from absorbing the softmax
+        ranked = scored_candidates(self.planner_config(method), candidates, tail_tokens)
+        if ranked:
+            if query is not None and self.index is not None:
                 ts = time.perf_counter()
-                # the sink and the recent blocks are kept by position: they take no part in
-                # the ranking, and leaving them out keeps them from absorbing the softmax
-                ranked = candidates[c.sink_blocks : len(candidates) - c.recent_blocks]
                 values = score_blocks(self.index, ranked, query, mode=c.score_mode)
                 scores = {b: float(s) for b, s in zip(ranked, values, strict=True)}
                 stats.score_ms += (time.perf_counter() - ts) * 1e3

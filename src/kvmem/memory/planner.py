@@ -75,17 +75,12 @@ def plan_window(
     everything fits. Resident ids that are not candidates any more go to stage_out.
     """
     cands = _ascending(candidates)
-    slots = window_slots(config, tail_tokens)
-    n_sink = min(config.sink_blocks, len(cands))
-    if len(cands) <= slots:
-        sink = cands[:n_sink]
+    split = _split(config, cands, tail_tokens)
+    if split is None:  # everything fits
+        sink = cands[: min(config.sink_blocks, len(cands))]
         recent = tuple(b for b in cands[len(cands) - config.recent_blocks :] if b not in sink)
         return _diff(cands, sink, recent, (), on_gpu)
-    sink = cands[: min(n_sink, slots)]
-    n_recent = min(config.recent_blocks, slots - len(sink))
-    recent = cands[len(cands) - n_recent :] if n_recent else ()
-    free = slots - len(sink) - len(recent)
-    middle = cands[len(sink) : len(cands) - len(recent)]
+    sink, middle, recent, free = split.sink, split.middle, split.recent, split.free
     if free == 0 or not middle:
         return _diff(sink + recent, sink, recent, (), on_gpu)
     if config.method is RetrievalMethod.RECENCY:
@@ -98,17 +93,38 @@ def plan_window(
     return _diff(sink + retrieved + recent, sink, recent, retrieved, on_gpu)
 
 
-def needs_scores(config: PlannerConfig, n_candidates: int, tail_tokens: int) -> bool:
-    """Whether `plan_window` would rank blocks by score: some candidates do not fit and
-    slots remain after the sink and the recent blocks. Scoring is skipped otherwise."""
+def scored_candidates(
+    config: PlannerConfig, candidates: Sequence[int], tail_tokens: int
+) -> tuple[int, ...]:
+    """The candidates `plan_window` ranks by score: the middle blocks (not sink, not
+    recent) when some do not fit and slots remain for them; empty otherwise, and for
+    RECENCY. Scores for other blocks are never read, so only these need scoring."""
     if config.method is RetrievalMethod.RECENCY:
-        return False
+        return ()
+    split = _split(config, _ascending(candidates), tail_tokens)
+    if split is None or split.free == 0:
+        return ()
+    return split.middle
+
+
+@dataclass(frozen=True, slots=True)
+class _Split:
+    sink: tuple[int, ...]
+    middle: tuple[int, ...]
+    recent: tuple[int, ...]
+    free: int  # slots left for middle blocks
+
+
+def _split(config: PlannerConfig, cands: tuple[int, ...], tail_tokens: int) -> _Split | None:
+    """Sink / middle / recent of candidates that do not all fit (None when they do)."""
     slots = window_slots(config, tail_tokens)
-    if n_candidates <= slots:
-        return False
-    n_sink = min(config.sink_blocks, n_candidates, slots)
-    n_recent = min(config.recent_blocks, slots - n_sink)
-    return slots - n_sink - n_recent > 0 and n_candidates > n_sink + n_recent
+    if len(cands) <= slots:
+        return None
+    sink = cands[: min(config.sink_blocks, len(cands), slots)]
+    n_recent = min(config.recent_blocks, slots - len(sink))
+    recent = cands[len(cands) - n_recent :] if n_recent else ()
+    middle = cands[len(sink) : len(cands) - len(recent)]
+    return _Split(sink, middle, recent, slots - len(sink) - len(recent))
 
 
 def plan_eviction(
