@@ -85,14 +85,10 @@ def _sources(settings: ServerSettings) -> dict[str, str]:
     return {k: s.value for k, s in sorted(settings.sources.items()) if s.value != "default"}
 
 
-def requested_record(settings: ServerSettings) -> dict[str, Any]:
+def _common_fields(settings: ServerSettings) -> dict[str, Any]:
+    """Fields of both startup records: engine flags, auth (no key values) and sources."""
     e = settings.engine
     return {
-        "model": e.model_path,
-        "alias": settings.alias,
-        "host": settings.host,
-        "port": settings.port,
-        "ctx_size": e.n_ctx or "model",
         "batch": e.n_batch,
         "ubatch": e.n_ubatch,
         "threads": e.n_threads or "auto",
@@ -100,44 +96,45 @@ def requested_record(settings: ServerSettings) -> dict[str, Any]:
         "gpu_layers_requested": "all" if e.n_gpu_layers < 0 else e.n_gpu_layers,
         "flash_attn_requested": e.flash_attn,
         "n_predict": settings.n_predict,
-        "cache_type_k": e.cache_types.k.label,
-        "cache_type_v": e.cache_types.v.label,
         "kvmem": e.kvmem.enabled,
-        "kvmem_budget": e.kvmem.budget,
-        "kvmem_gen_reserve": e.kvmem.gen_reserve,
-        "kvmem_block_tokens": e.kvmem.block_tokens,
-        "vision": settings.mmproj is not None,
-        "chat_template": settings.chat_template_origin,
         "auth": "enabled" if settings.api_keys.enabled else "disabled",
         "api_keys": len(settings.api_keys.keys),
         "sources": _sources(settings),
     }
 
 
-def ready_record(settings: ServerSettings, info: ModelInfoLike, stats: Any) -> dict[str, Any]:
+def requested_record(settings: ServerSettings) -> dict[str, Any]:
     e = settings.engine
     return {
+        **_common_fields(settings),
+        "model": e.model_path,
+        "alias": settings.alias,
+        "host": settings.host,
+        "port": settings.port,
+        "ctx_size": e.n_ctx or "model",
+        "cache_type_k": e.cache_types.k.label,
+        "cache_type_v": e.cache_types.v.label,
+        "kvmem_budget": e.kvmem.budget,
+        "kvmem_gen_reserve": e.kvmem.gen_reserve,
+        "kvmem_block_tokens": e.kvmem.block_tokens,
+        "vision": settings.mmproj is not None,
+        "chat_template": settings.chat_template_origin,
+    }
+
+
+def ready_record(settings: ServerSettings, info: ModelInfoLike, stats: Any) -> dict[str, Any]:
+    return {
+        **_common_fields(settings),
         "model": info.path,
         "model_id": served_model_id(settings, info),
         "host": settings.host,
         "port": settings.port,
         "n_ctx": info.n_ctx,
         "n_ctx_train": info.n_ctx_train,
-        "batch": e.n_batch,
-        "ubatch": e.n_ubatch,
-        "threads": e.n_threads or "auto",
-        "threads_batch": e.n_threads_batch or ("inherit" if e.n_threads else "auto"),
-        "gpu_layers_requested": "all" if e.n_gpu_layers < 0 else e.n_gpu_layers,
-        "flash_attn_requested": e.flash_attn,
-        "n_predict": settings.n_predict,
         "max_output": "context" if settings.n_predict < 0 else settings.n_predict,
-        "kvmem": e.kvmem.enabled,
         "gpu_cells": getattr(stats, "gpu_cells_max", None),
         "vision": False,
         "mtp": False,
         "slots": 1,
         "queue_size": settings.queue_size,
-        "auth": "enabled" if settings.api_keys.enabled else "disabled",
-        "api_keys": len(settings.api_keys.keys),
-        "sources": _sources(settings),
     }
