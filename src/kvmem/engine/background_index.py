@@ -39,9 +39,6 @@ class BackgroundIndex(RetrievalIndex):
         ids = [b.block_id for b in blocks]
         self._pending.append((ids, self._pool.submit(self.summarize, list(blocks))))
 
-    def add(self, block_id: int, positions: np.ndarray, k_rows: Sequence[np.ndarray]) -> None:
-        self.add_blocks([BlockKeys(block_id, positions, k_rows)])
-
     def flush(self) -> None:
         """Wait for every pending summary and store it."""
         if not self._pending:

@@ -124,7 +124,7 @@ class RetrievalIndex:
         positions int [n_tokens]; k_rows per attention layer (all of them, like
         BlockKV.k), uint8 [n_tokens, k_row_bytes].
         """
-        self._set(block_id, self._block_summary(positions, k_rows))
+        self.add_blocks([BlockKeys(block_id, positions, k_rows)])
 
     def add_blocks(self, blocks: Sequence[BlockKeys]) -> None:
         """Summarize several blocks at once (one dequantization and RoPE pass)."""
