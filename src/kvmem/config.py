@@ -10,6 +10,7 @@ from enum import Enum
 
 from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import GgmlType, parse_kv_type
+from kvmem.memory.layout import PositionMode
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.scorer import ScoreMode
 
@@ -67,6 +68,7 @@ class KVMemConfig:
     query_max_tokens: int = 512
     score_layers: tuple[int, ...] = ()  # empty: 8 layers spread over the depth
     score_mode: ScoreMode = ScoreMode.KEY_BOUND
+    positions: PositionMode = PositionMode.GATHER
     trace: bool = False
 
     def validate(self) -> None:

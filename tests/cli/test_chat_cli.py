@@ -51,6 +51,7 @@ def no_model_load(monkeypatch):
         ),
         (["--kvmem-method", "random"], "argument --kvmem-method: invalid choice: 'random'"),
         (["--kvmem-query-replay", "sometimes"], "argument --kvmem-query-replay: invalid choice"),
+        (["--kvmem-positions", "shuffle"], "argument --kvmem-positions: invalid choice: 'shuffle'"),
         (
             ["--kvmem-query-max-tokens", "-5"],
             "--kvmem-query-max-tokens: must be a positive number, got -5",

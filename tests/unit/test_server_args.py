@@ -13,6 +13,8 @@ from kvmem.config import KVMemConfig
 from kvmem.engine import EngineSettings, SamplingParams
 from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import GgmlType
+from kvmem.memory.layout import PositionMode
+from kvmem.memory.scorer import ScoreMode
 from kvmem.server.settings import ServerSettings, Source
 
 
@@ -254,6 +256,8 @@ def test_gpu_layers_and_flash_attn_values() -> None:
         (["--kvmem-recent-blocks", "x"], "--kvmem-recent-blocks"),
         (["--kvmem-method", "bogus"], "--kvmem-method"),
         (["--kvmem-query-replay", "maybe"], "--kvmem-query-replay"),
+        (["--kvmem-score-mode", "max"], "--kvmem-score-mode"),
+        (["--kvmem-positions", "compact"], "--kvmem-positions"),
         (["--kvmem-query-policy", "x"], "--kvmem-query-policy"),
         (["--kvmem-query-max-tokens", "0"], "--kvmem-query-max-tokens"),
         (["--kvmem-score-layers", "a,b"], "--kvmem-score-layers"),
@@ -314,3 +318,10 @@ def test_ubatch_larger_than_batch_is_clamped_with_a_warning() -> None:
     settings, warnings = load_server_settings(["-b", "256", "-ub", "512"], {})
     assert (settings.engine.n_batch, settings.engine.n_ubatch) == (256, 256)
     assert warnings == ["--ubatch-size 512 is larger than --batch-size 256: using 256"]
+
+
+def test_retrieval_flags_reach_the_kvmem_config() -> None:
+    assert load().engine.kvmem.positions is PositionMode.GATHER
+    s = load("--kvmem-positions", "original", "--kvmem-score-mode", "mean")
+    assert s.engine.kvmem.positions is PositionMode.ORIGINAL
+    assert s.engine.kvmem.score_mode is ScoreMode.MEAN_KEY

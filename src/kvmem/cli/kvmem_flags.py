@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from kvmem.config import KVCacheTypes, KVMemConfig, QueryPolicy, QueryReplay
 from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import KV_TYPE_NAMES
+from kvmem.memory.layout import PositionMode
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.scorer import ScoreMode
 
@@ -130,6 +131,13 @@ def add_kvmem_arguments(parser: argparse.ArgumentParser) -> None:
         "Quest) or mean (mean key) (default: bound)",
     )
     group.add_argument(
+        "--kvmem-positions",
+        choices=[m.value for m in PositionMode],
+        default=_DEFAULTS.positions.value,
+        help="where retrieved blocks sit in the window: gather (right before the recent "
+        "blocks, in order) or original (their own positions, with gaps) (default: gather)",
+    )
+    group.add_argument(
         "--kvmem-query-replay",
         choices=[m.value for m in QueryReplay],
         default=_DEFAULTS.query_replay.value,
@@ -208,6 +216,7 @@ def kvmem_config_from_args(ns: argparse.Namespace, trace_env: bool = False) -> K
         query_max_tokens=ns.kvmem_query_max_tokens,
         score_layers=ns.kvmem_score_layers,
         score_mode=ScoreMode(ns.kvmem_score_mode),
+        positions=PositionMode(ns.kvmem_positions),
         trace=trace,
     )
     config.validate()

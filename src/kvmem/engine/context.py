@@ -118,6 +118,14 @@ class LlamaContext:
         if not llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1):
             raise KVTransferError(f"seq_rm({seq}, {p0}, {p1}) failed")
 
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Shift the positions of seq's cells in [p0, p1) by delta (RoPE re-applied lazily)."""
+        llama_cpp.llama_memory_seq_add(self.mem, seq, p0, p1, delta)
+
+    @property
+    def can_shift(self) -> bool:
+        return bool(llama_cpp.llama_memory_can_shift(self.mem))
+
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
 

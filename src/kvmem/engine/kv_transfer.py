@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvmem.errors import KVTransferError
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.host_store import BlockKV, HostStore
+from kvmem.memory.layout import BlockMove, move_order
 from kvmem.memory.retrieval_index import BlockKeys, RetrievalIndex
 
 from .context import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ, LlamaContext
@@ -42,7 +43,11 @@ def block_runs(block_ids: Sequence[int]) -> list[range]:
 
 
 class KVTransfer:
-    """Harvest, restore and evict blocks of the main sequence."""
+    """Harvest, restore, move and evict blocks of the main sequence.
+
+    A GPU block's cells sit at its own positions unless a move put them elsewhere;
+    `moved` records those blocks (block id -> first position in the context).
+    """
 
     def __init__(
         self,
@@ -56,6 +61,15 @@ class KVTransfer:
         self.store = store
         self.index = index
         self.layout: StateLayout | None = None
+        self.moved: dict[int, int] = {}
+
+    def start(self, block_id: int) -> int:
+        """First context position of a GPU block's cells."""
+        return self.moved.get(block_id, block_id * self.table.block_tokens)
+
+    def forget(self) -> None:
+        """The context was cleared: no block is anywhere."""
+        self.moved.clear()
 
     def harvest(self, block_ids: Sequence[int]) -> TransferResult:
         """Copy complete, GPU-resident blocks to the host store (replacing older copies)."""
@@ -84,8 +98,10 @@ class KVTransfer:
         self.table.mark_in_host([b.block_id for b in blocks])
         return TransferResult(len(blocks), n_bytes, (time.perf_counter() - t0) * 1e3)
 
-    def restore(self, block_ids: Sequence[int]) -> TransferResult:
-        """Copy host blocks into the context at their original positions."""
+    def restore(
+        self, block_ids: Sequence[int], starts: Mapping[int, int] | None = None
+    ) -> TransferResult:
+        """Copy host blocks into the context, at `starts[b]` or else their own positions."""
         if not block_ids:
             return TransferResult(0, 0, 0.0)
         if self.layout is None:
@@ -94,8 +110,13 @@ class KVTransfer:
         blocks: list[BlockKV] = [self.store.get(b) for b in sorted(block_ids)]
         blob = build_state(self.layout, blocks, RESTORE_SEQ)
         self.ctx.set_state(blob, RESTORE_SEQ)
+        bt = self.table.block_tokens
+        own = {b.block_id: b.block_id * bt for b in blocks}
+        target = {b: (starts or {}).get(b, p) for b, p in own.items()}
+        self._shift(RESTORE_SEQ, move_order(own, target, bt))
         self.ctx.seq_cp(RESTORE_SEQ, MAIN_SEQ, -1, -1)
         self.ctx.seq_rm(RESTORE_SEQ, -1, -1)
+        self._record(target)
         self.table.mark_on_gpu([b.block_id for b in blocks])
         n_bytes = sum(b.nbytes for b in blocks)
         self.store.stats.bytes_out += n_bytes
@@ -107,7 +128,31 @@ class KVTransfer:
         for b in block_ids:
             if not self.table.is_in_host(b):
                 raise KVTransferError(f"block {b} would be lost: it is not in the host store")
-        for run in block_runs(block_ids):
+        # every start is a multiple of the block size: remove contiguous cells together
+        for run in block_runs([self.start(b) // bt for b in block_ids]):
             self.ctx.seq_rm(MAIN_SEQ, run.start * bt, run.stop * bt)
+        for b in block_ids:
+            self.moved.pop(b, None)
         self.table.mark_off_gpu(list(block_ids))
         return len(block_ids) * bt
+
+    def move(self, target: Mapping[int, int]) -> int:
+        """Shift GPU blocks so that each block b starts at target[b]; returns blocks moved."""
+        current = {b: self.start(b) for b in target}
+        moves = move_order(current, target, self.table.block_tokens)
+        self._shift(MAIN_SEQ, moves)
+        self._record(target)
+        return len(moves)
+
+    def _shift(self, seq: int, moves: Sequence[BlockMove]) -> None:
+        bt = self.table.block_tokens
+        for m in moves:
+            self.ctx.seq_add(seq, m.src, m.src + bt, m.delta)
+
+    def _record(self, starts: Mapping[int, int]) -> None:
+        bt = self.table.block_tokens
+        for b, p in starts.items():
+            if p == b * bt:
+                self.moved.pop(b, None)
+            else:
+                self.moved[b] = p

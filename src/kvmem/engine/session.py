@@ -78,6 +78,7 @@ class KVMemSession:
 
     def reset(self) -> None:
         self.ctx.clear()
+        self.transfer.forget()
         self.table.truncate(0)
         self.store.drop(self.store.block_ids())
         if self.index is not None:

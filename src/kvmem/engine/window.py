@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from kvmem.config import KVMemConfig, QueryReplay
 from kvmem.errors import KVTransferError
 from kvmem.memory.block_table import BlockTable
+from kvmem.memory.layout import PositionMode, window_layout
 from kvmem.memory.planner import (
     PlannerConfig,
     RetrievalMethod,
@@ -76,6 +77,10 @@ class GpuWindow:
         self.tracer = tracer
         self.last_plan: WindowPlan | None = None
         self.peak_cells = 0
+        self.positions = config.positions
+        if self.positions is not PositionMode.ORIGINAL and not ctx.can_shift:
+            logger.warning("this model's cache cannot shift positions: blocks stay in place")
+            self.positions = PositionMode.ORIGINAL
 
     # accounting ------------------------------------------------------------------------
     def cells_used(self) -> int:
@@ -161,16 +166,21 @@ class GpuWindow:
             else:
                 method = RetrievalMethod.RECENCY
         plan = plan_window(self.planner_config(method), candidates, on_gpu, scores, tail_tokens)
-        pinned_missing = [b for b in range(pin_block, t.n_complete_blocks) if not t.is_on_gpu(b)]
+        pinned = range(pin_block, t.n_complete_blocks)
+        pinned_missing = [b for b in pinned if not t.is_on_gpu(b)]
         if plan.stage_out:
             self.transfer.evict(plan.stage_out)
-        restored = self.transfer.restore(list(plan.stage_in) + pinned_missing)
+        starts = window_layout(
+            set(plan.selected).union(pinned), t.n_complete_blocks, c.sink_blocks, bt, self.positions
+        )
+        moved = self.transfer.move({b: starts[b] for b in t.gpu_blocks()})
+        restored = self.transfer.restore(list(plan.stage_in) + pinned_missing, starts)
         stats.stage_in_blocks += restored.blocks
         stats.stage_in_bytes += restored.bytes
         stats.restore_ms += restored.ms
         stats.evicted_blocks += len(plan.stage_out)
         self.last_plan = plan
-        replay_from = self._replay_start(query_start, pin_block, plan)
+        replay_from = self._replay_start(query_start, pin_block, bool(plan.stage_in))
         stats.reselect_ms += (time.perf_counter() - t0) * 1e3
         self.note_peak()
         self.tracer.emit(
@@ -181,6 +191,7 @@ class GpuWindow:
             stage_in=len(plan.stage_in),
             stage_out=len(plan.stage_out),
             retrieved=plan.retrieved,
+            moved=moved,
             bytes_in=restored.bytes,
             ms=(time.perf_counter() - t0) * 1e3,
             replay="-" if replay_from is None else replay_from,
@@ -196,19 +207,33 @@ class GpuWindow:
         start = t.n_tokens if query_start is None else query_start
         return min(max(start // bt, earliest), t.n_complete_blocks)
 
-    def _replay_start(
-        self, query_start: int | None, pin_block: int, plan: WindowPlan
-    ) -> int | None:
+    def _replay_start(self, query_start: int | None, pin_block: int, staged_in: bool) -> int | None:
+        """Where to re-decode from: the query sees the window chosen for it (`auto`: only
+        when blocks came in; blocks that only moved hold the same text)."""
         mode = self.config.query_replay
         if query_start is None or mode is QueryReplay.OFF:
             return None
-        if mode is QueryReplay.AUTO and not plan.stage_in:
+        if mode is QueryReplay.AUTO and not staged_in:
             return None
         return max(query_start, pin_block * self.table.block_tokens)
 
     def drop_from(self, position: int) -> None:
-        """Remove every cell at `position` and later from the context."""
+        """Remove every cell at `position` and later, and every block of those tokens."""
+        self._release_moved(position, None, dropped_from=position)
         self.ctx.seq_rm(MAIN_SEQ, position, -1)
+
+    def _release_moved(self, lo: int, hi: int | None, dropped_from: int | None = None) -> None:
+        """Evict the moved blocks whose cells overlap positions [lo, hi) (None: no end)
+        and those holding tokens at `dropped_from` or later."""
+        bt = self.table.block_tokens
+        victims = [
+            b
+            for b, p in self.transfer.moved.items()
+            if (p + bt > lo and (hi is None or p < hi))
+            or (dropped_from is not None and (b + 1) * bt > dropped_from)
+        ]
+        if victims:
+            self.transfer.evict(victims)
 
     def ensure_block_on_gpu(self, block_id: int, stats: TurnStats) -> None:
         if (
@@ -218,6 +243,8 @@ class GpuWindow:
         ):
             return
         self.ensure_room(self.table.block_tokens, stats)
+        bt = self.table.block_tokens
+        self._release_moved(block_id * bt, (block_id + 1) * bt)  # its own positions
         res = self.transfer.restore([block_id])
         stats.stage_in_blocks += res.blocks
         stats.stage_in_bytes += res.bytes

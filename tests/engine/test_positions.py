@@ -1,0 +1,131 @@
+"""Gathered positions: the context's cells sit exactly where the window layout says.
+
+The check reads llama.cpp's own state of the main sequence (its cells' positions), so it
+sees the seq_add moves, the restores at shifted positions and the truncations as llama.cpp
+applied them, not as the session believes it did.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvmem.config import KVMemConfig
+from kvmem.engine.context import MAIN_SEQ
+from kvmem.engine.state_codec import parse_state
+from kvmem.engine.window import TokenSpan
+from kvmem.memory.layout import PositionMode, window_layout
+
+from .helpers import GREEDY, filler_tokens, make_engine
+
+BT = 128
+
+
+def context_positions(session) -> list[int]:
+    state = parse_state(session.ctx.get_state(MAIN_SEQ))
+    return sorted(state.positions.tolist())
+
+
+def expected_positions(session) -> list[int]:
+    """Every GPU block at its recorded start, and the open tail at its own positions."""
+    t = session.table
+    cells = [
+        p
+        for b in t.gpu_blocks()
+        for p in range(session.transfer.start(b), session.transfer.start(b) + BT)
+    ]
+    cells += range(t.n_complete_blocks * BT, t.n_tokens)
+    return sorted(cells)
+
+
+@pytest.fixture(scope="module")
+def engines(smollm2_path):
+    made = {
+        mode: make_engine(
+            smollm2_path,
+            n_ctx=4096,
+            kvmem=KVMemConfig(budget=1024, gen_reserve=256, positions=mode),
+        )
+        for mode in PositionMode
+    }
+    yield made
+    for engine in made.values():
+        engine.close()
+
+
+def _ask(engine, tokens: list[int], n_query: int = 40) -> list[int]:
+    span = TokenSpan(len(tokens) - n_query, len(tokens))
+    return list(engine.generate(tokens, query=span, sampling=GREEDY, max_tokens=6, ignore_eos=True))
+
+
+def test_gather_moves_retrieved_blocks_next_to_the_tail(engines):
+    engine = engines[PositionMode.GATHER]
+    engine.reset()
+    tokens = filler_tokens(engine, 20 * BT + 50, seed=21)
+    _ask(engine, tokens)
+    session = engine.session
+    plan = session.last_plan
+    assert plan is not None and plan.retrieved
+    n_complete = session.table.n_complete_blocks
+    pinned = set(range((len(tokens) - 40) // BT, n_complete))
+    layout = window_layout(set(plan.selected) | pinned, n_complete, 1, BT, PositionMode.GATHER)
+    gpu = session.table.gpu_blocks()
+    # no generation spill at 6 tokens: the window is the plan
+    assert set(gpu) == set(plan.selected) | pinned
+    assert {b: session.transfer.start(b) for b in gpu} == layout
+    assert session.transfer.moved == {b: p for b, p in layout.items() if p != b * BT}
+    assert session.transfer.moved  # the retrieved blocks are not next to the tail
+    positions = context_positions(session)
+    assert positions == expected_positions(session)
+    assert len(set(positions)) == len(positions)
+    # the sink stays at 0 and nothing sits below the moved blocks but the sink
+    assert positions[:BT] == list(range(BT))
+    assert min(session.transfer.moved.values()) == positions[BT]
+
+
+def test_original_mode_never_moves_a_block(engines):
+    engine = engines[PositionMode.ORIGINAL]
+    engine.reset()
+    tokens = filler_tokens(engine, 20 * BT + 50, seed=21)
+    _ask(engine, tokens)
+    session = engine.session
+    assert session.transfer.moved == {}
+    assert context_positions(session) == expected_positions(session)
+    assert session.last_plan.retrieved
+
+
+def test_next_turns_relayout_and_an_edit_releases_moved_blocks(engines):
+    engine = engines[PositionMode.GATHER]
+    engine.reset()
+    base = filler_tokens(engine, 30 * BT, seed=22)
+    turn1 = base[: 18 * BT + 30]
+    out1 = _ask(engine, turn1)
+    session = engine.session
+    assert session.transfer.moved
+    # turn 2 appends: the layout is recomputed for the new tail run, cells stay consistent
+    turn2 = turn1 + out1 + base[18 * BT + 30 : 24 * BT]
+    out2 = _ask(engine, turn2)
+    assert engine.last_turn.cached_tokens == len(turn1) + len(out1) - 1
+    assert context_positions(session) == expected_positions(session)
+    # an edit inside the moved blocks' positions: they are released, the rest is rebuilt
+    moved_at = min(session.transfer.moved.values())
+    edited = list(turn2 + out2)
+    cut = moved_at + 10
+    edited[cut] = engine.tokenize(" purple")[0]
+    _ask(engine, edited)
+    assert engine.last_turn.cached_tokens == cut
+    assert engine.last_turn.truncated_tokens == len(turn2 + out2) - 1 - cut
+    positions = context_positions(session)
+    assert positions == expected_positions(session)
+    assert len(set(positions)) == len(positions)
+    assert session.table.tokens[: len(edited)] == edited
+
+
+def test_gather_and_original_agree_when_everything_fits(engines):
+    tokens = filler_tokens(engines[PositionMode.GATHER], 5 * BT + 20, seed=23)
+    logits = {}
+    for mode, engine in engines.items():
+        engine.reset()
+        logits[mode] = engine.teacher_force(tokens, tokens[-3:], query=TokenSpan(600, 660))
+        assert engine.session.transfer.moved == {}
+    assert np.array_equal(logits[PositionMode.GATHER], logits[PositionMode.ORIGINAL])
