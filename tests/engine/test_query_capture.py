@@ -6,7 +6,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from kvmem.config import KVMemConfig
+from kvmem.config import KVMemConfig, QueryPolicy
 from kvmem.engine.context import ContextSettings, LlamaContext
 from kvmem.engine.llama_lib import ggml_base
 from kvmem.engine.model import LlamaModel
@@ -107,5 +107,23 @@ def test_session_captures_exactly_the_query_span(smollm2_path):
         plan = engine.session.last_plan
         assert plan is not None and plan.sink == (0,)
         assert len(plan.selected) * 128 + (1500 - 1408) <= 1024
+    finally:
+        engine.close()
+
+
+def test_tail_policy_queries_the_prompt_end_without_a_span(smollm2_path):
+    kvmem = KVMemConfig(
+        budget=1024, gen_reserve=256, query_policy=QueryPolicy.TAIL, query_max_tokens=100
+    )
+    engine = make_engine(smollm2_path, n_ctx=4096, kvmem=kvmem)
+    try:
+        prompt = filler_tokens(engine, 1500, seed=11)
+        engine.teacher_force(prompt, prompt[-1:])  # no span given: the policy makes one
+        q = engine.session.last_query
+        assert q.positions.tolist() == list(range(1400, 1500))
+        # the query's block (1400 // 128 = 10) on is pinned; the rest was chosen by score
+        plan = engine.session.last_plan
+        assert plan.sink == (0,) and max(plan.selected) < 10
+        assert plan.retrieved
     finally:
         engine.close()

@@ -83,7 +83,7 @@ def test_split_and_rebuild_round_trip(v_trans):
         v_trans,
         seq_id=2,
     )
-    assert blob == expected
+    assert blob.dtype == np.uint8 and blob.tobytes() == expected
 
 
 def test_refuses_unknown_layouts():

@@ -143,8 +143,8 @@ class LlamaContext:
             raise KVTransferError(f"llama_state_seq_get_data({seq}) failed")
         return memoryview(buf)[:n]
 
-    def set_state(self, blob: bytes, seq: int) -> None:
-        buf = np.frombuffer(blob, dtype=np.uint8)  # [size]
+    def set_state(self, blob: bytes | np.ndarray, seq: int) -> None:
+        buf = np.frombuffer(blob, dtype=np.uint8)  # [size], no copy
         n = llama_cpp.llama_state_seq_set_data(self.ptr, _u8_ptr(buf), len(buf), seq)
         if n == 0:
             raise KVTransferError(f"llama_state_seq_set_data({seq}) failed (no free cells?)")

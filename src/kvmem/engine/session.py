@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from kvmem.config import KVMemConfig
+from kvmem.config import KVMemConfig, QueryPolicy
 from kvmem.errors import ContextLengthExceededError, InvalidRequestError
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.host_store import HostStore
@@ -200,6 +200,10 @@ class KVMemSession:
         )
 
     def _clip_query(self, query: TokenSpan | None, n_prompt: int) -> TokenSpan | None:
+        """The query span by `--kvmem-query-policy`: the caller's span (the last user
+        message) or the prompt's tail; at most `--kvmem-query-max-tokens` of its end."""
+        if self.config.query_policy is QueryPolicy.TAIL:
+            query = TokenSpan(0, n_prompt)
         if query is None or query.length == 0 or query.end > n_prompt:
             return None
         start = max(query.start, query.end - self.config.query_max_tokens)

@@ -162,30 +162,63 @@ def _cell_selector(cells: np.ndarray) -> slice | np.ndarray:
     return cells
 
 
-def build_state(layout: StateLayout, blocks: Sequence[BlockKV], seq_id: int) -> bytes:
-    """A blob that `llama_state_seq_set_data` restores as the cells of `blocks`."""
+def build_state(layout: StateLayout, blocks: Sequence[BlockKV], seq_id: int) -> np.ndarray:
+    """A blob that `llama_state_seq_set_data` restores as the cells of `blocks`: uint8
+    [n_bytes], written in place (each K/V byte is copied once, straight into the blob)."""
     positions = np.concatenate([b.positions for b in blocks]).astype(np.int32)  # [n_cells]
     n_cells = len(positions)
     meta = np.empty((n_cells, 3), dtype=np.int32)  # [n_cells, (pos, n_seq_id, seq_id)]
     meta[:, 0] = positions
     meta[:, 1] = 1
     meta[:, 2] = seq_id
-    parts: list[bytes] = [
-        struct.pack("<IiII", STATE_MAGIC, seq_id, 1, n_cells),
-        meta.tobytes(),
-        struct.pack("<II", int(layout.v_trans), len(layout.layers)),
-    ]
+    head = struct.pack("<IiII", STATE_MAGIC, seq_id, 1, n_cells) + meta.tobytes()
+    head += struct.pack("<II", int(layout.v_trans), len(layout.layers))
+    k_head = [struct.pack("<iQ", int(lay.k_type), lay.k_row_bytes) for lay in layout.layers]
+    if layout.v_trans:
+        v_head = [
+            struct.pack("<iII", int(lay.v_type), lay.v_el_bytes, lay.v_row_bytes // lay.v_el_bytes)
+            for lay in layout.layers
+        ]
+    else:
+        v_head = [struct.pack("<iQ", int(lay.v_type), lay.v_row_bytes) for lay in layout.layers]
+    total = len(head) + sum(len(h) for h in k_head + v_head)
+    total += n_cells * sum(lay.k_row_bytes + lay.v_row_bytes for lay in layout.layers)
+    out = np.empty(total, dtype=np.uint8)  # [n_bytes]
+    writer = _Writer(out)
+    writer.put(head)
     for i, lay in enumerate(layout.layers):
-        parts.append(struct.pack("<iQ", int(lay.k_type), lay.k_row_bytes))
-        parts.append(np.concatenate([b.k[i] for b in blocks]).tobytes())
+        writer.put(k_head[i])
+        writer.rows([b.k[i] for b in blocks], n_cells, lay.k_row_bytes)
     for i, lay in enumerate(layout.layers):
-        rows = np.concatenate([b.v[i] for b in blocks])  # [n_cells, v_row_bytes]
+        writer.put(v_head[i])
         if layout.v_trans:
+            rows = np.concatenate([b.v[i] for b in blocks])  # [n_cells, v_row_bytes]
             n_embd_v = lay.v_row_bytes // lay.v_el_bytes
-            parts.append(struct.pack("<iII", int(lay.v_type), lay.v_el_bytes, n_embd_v))
             data = rows.reshape(n_cells, n_embd_v, lay.v_el_bytes).transpose(1, 0, 2)
-            parts.append(np.ascontiguousarray(data).tobytes())
+            writer.view(n_cells * lay.v_row_bytes).reshape(n_embd_v, n_cells, lay.v_el_bytes)[
+                ...
+            ] = data
         else:
-            parts.append(struct.pack("<iQ", int(lay.v_type), lay.v_row_bytes))
-            parts.append(rows.tobytes())
-    return b"".join(parts)
+            writer.rows([b.v[i] for b in blocks], n_cells, lay.v_row_bytes)
+    assert writer.at == total
+    return out
+
+
+class _Writer:
+    """Sequential writes into a preallocated blob."""
+
+    def __init__(self, out: np.ndarray) -> None:
+        self.out = out  # uint8 [n_bytes]
+        self.at = 0
+
+    def view(self, n: int) -> np.ndarray:
+        v = self.out[self.at : self.at + n]  # [n]
+        self.at += n
+        return v
+
+    def put(self, data: bytes) -> None:
+        self.view(len(data))[:] = np.frombuffer(data, dtype=np.uint8)
+
+    def rows(self, parts: Sequence[np.ndarray], n_cells: int, row_bytes: int) -> None:
+        dst = self.view(n_cells * row_bytes).reshape(n_cells, row_bytes)  # [n_cells, row]
+        np.concatenate(parts, out=dst)
