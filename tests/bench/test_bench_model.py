@@ -38,13 +38,17 @@ def check_profile(profile: dict, kvmem: bool) -> None:
 
 
 def test_needle_small_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 2's recall check on a small grid: ~1.6K tokens, 3 depths, budget 1K."""
+    """Issue 2's recall check on a small grid: ~3K tokens, 3 depths, budget 1K.
+
+    Retrieval must recall at least as many keys as full context minus one, and recency
+    (the window's last ~900 tokens) must miss the middle needle that retrieval finds.
+    """
     rc = main(
         [
             "needle",
             *COMMON,
             "--lengths",
-            "1600",
+            "3000",
             "--depths",
             "3",
             "--seeds",
@@ -57,14 +61,14 @@ def test_needle_small_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     )
     assert rc == 0
     out = capsys.readouterr().out
-    assert "needle passkey, document layout, ~1600 tokens: correct/total by depth" in out
+    assert "needle passkey, document layout, ~3000 tokens: correct/total by depth" in out
     doc = json.loads((tmp_path / "needle.json").read_text())
     check_common(doc, "needle")
     assert doc["complete"] is True
     assert doc["grid"] == {
         "kinds": ["passkey"],
         "layouts": ["document"],
-        "lengths": [1600],
+        "lengths": [3000],
         "depths": [0.0, 0.5, 1.0],
         "seeds": [0],
     }
@@ -72,23 +76,29 @@ def test_needle_small_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         (m, d) for m in ("full", "retrieval", "recency") for d in (0.0, 0.5, 1.0)
     ]
     for case in doc["cases"]:
-        assert 1550 <= case["prompt_tokens"] <= 1700
+        assert 2950 <= case["prompt_tokens"] <= 3100
         assert 0 <= case["cached_tokens"] < case["prompt_tokens"]
         assert len(case["expected"]) == 5 and case["expected"].isdigit()
         assert case["correct"] == (case["expected"] in case["answer"])
         assert case["prefill_ms"] > 0 and case["decode_ms"] > 0
         assert case["stage_in_blocks"] >= 0 and case["replayed_tokens"] >= 0
         check_profile(case["profile"], kvmem=case["method"] != "full")
-        if case["method"] == "recency":  # the window never changes: nothing is staged in
-            assert case["stage_in_blocks"] == 0
+        if case["method"] == "recency":  # nothing is retrieved; a case that diverges
+            # inside an evicted block restores that block to continue from it
+            assert case["stage_in_blocks"] <= 1
     # the haystack is shared: each case reuses the prefix before the previous needle
     full = [c for c in doc["cases"] if c["method"] == "full"]
-    assert full[0]["cached_tokens"] == 0 and full[2]["cached_tokens"] > 500
+    assert full[0]["cached_tokens"] == 0 and full[2]["cached_tokens"] > 1000
     for method, row in doc["summary"].items():
         assert row["total"] == 3 and row["correct"] == round(row["accuracy"] * 3)
         assert set(row["by_depth"]) == {"0", "0.5", "1"}
         assert all(0.0 <= v <= 1.0 for v in row["by_depth"].values()), method
-    assert doc["summary"]["full"]["accuracy"] >= 0.8
+    summary = doc["summary"]
+    assert summary["full"]["correct"] >= 2
+    assert summary["retrieval"]["correct"] >= summary["full"]["correct"] - 1
+    middle = {c["method"]: c for c in doc["cases"] if c["depth"] == 0.5}
+    assert middle["retrieval"]["correct"] and middle["retrieval"]["stage_in_blocks"] > 0
+    assert not middle["recency"]["correct"]
     assert sorted(Path(p).name for p in doc["plots"]) == [
         "needle_full.png",
         "needle_recency.png",
