@@ -29,6 +29,7 @@ from kvmem.bench.needle_data import (
     build_case,
     needle_sentence,
 )
+from kvmem.errors import ConfigError
 
 from .fakes import CharTokenizer, FakeFactory
 
@@ -282,3 +283,14 @@ def test_first_seed_splits_a_grid(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
     assert keyed(part) == keyed(whole)[2:]
     assert [c["seed"] for c in part["cases"]] == [1, 1, 2, 2]
+
+
+def test_a_rendered_case_over_the_context_is_refused_before_any_case_runs() -> None:
+    specs = [spec(d) for d in (0.0, 0.5)]
+    factory = FakeFactory({Method.FULL: None})
+    with pytest.raises(
+        ConfigError, match=r"renders to \d+ tokens; with --max-tokens 12 it does not fit -c 1000"
+    ):
+        run_needle(factory, [Method.FULL], specs, last_n=600, max_tokens=12, n_ctx=1000)
+    assert factory.opened[0].prompts == []  # nothing was asked
+    assert len(run_needle(factory, [Method.FULL], specs, 600, 12, n_ctx=8192)) == 2

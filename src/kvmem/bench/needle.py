@@ -114,6 +114,7 @@ def run_needle(
     max_tokens: int,
     progress: Callable[[NeedleResult], None] | None = None,
     reset_each_case: bool = False,
+    n_ctx: int | None = None,
 ) -> list[NeedleResult]:
     """Ask every case of `specs` with every method, in the order of `specs`.
 
@@ -129,6 +130,8 @@ def run_needle(
         try:
             if prompts is None:
                 prompts = build_prompts(specs, engine)
+                if n_ctx is not None:
+                    check_fit(prompts, n_ctx, max_tokens)
             engine.reset()
             for case, prompt in prompts:
                 if reset_each_case:
@@ -160,6 +163,21 @@ def run_needle(
         finally:
             engine.close()
     return results
+
+
+def check_fit(
+    prompts: Sequence[tuple[NeedleCase, RenderedPrompt]], n_ctx: int, max_tokens: int
+) -> None:
+    """Refuse the grid before the first case if a rendered case cannot fit -c."""
+    for case, prompt in prompts:
+        if len(prompt.tokens) + max_tokens > n_ctx:
+            s = case.spec
+            raise ConfigError(
+                "--lengths",
+                f"the {s.kind.value}/{s.layout.value} case of length {s.length} (depth "
+                f"{s.depth:.2f}, seed {s.seed}) renders to {len(prompt.tokens)} tokens; "
+                f"with --max-tokens {max_tokens} it does not fit -c {n_ctx}",
+            )
 
 
 Group = tuple[NeedleKind, Layout, int]
@@ -324,6 +342,7 @@ def run(ns: argparse.Namespace) -> int:
         ns.max_tokens,
         progress=progress,
         reset_each_case=ns.reset_each_case,
+        n_ctx=settings.n_ctx,
     )
     print(tables(results))
     plots: list[str] = []

@@ -59,6 +59,8 @@ def kvmem_body(settings: ServerSettings) -> dict[str, Any]:
         "query_policy": kv.query_policy.value,
         "query_max_tokens": kv.query_max_tokens,
         "score_layers": list(kv.score_layers),
+        "score_mode": kv.score_mode.value,
+        "positions": kv.positions.value,
         "cache_type_k": settings.engine.cache_types.k.label,
         "cache_type_v": settings.engine.cache_types.v.label,
     }
