@@ -121,6 +121,22 @@ def test_next_turns_relayout_and_an_edit_releases_moved_blocks(engines):
     assert session.table.tokens[: len(edited)] == edited
 
 
+def test_a_short_prompt_after_a_gathered_turn_keeps_only_the_open_block(engines):
+    """A new conversation sharing 24 tokens: the cut block 0 stays open (and flagged on the
+    GPU) while the reselection lays out no complete block at all."""
+    engine = engines[PositionMode.GATHER]
+    engine.reset()
+    tokens = filler_tokens(engine, 20 * BT + 50, seed=24)
+    _ask(engine, tokens)
+    assert engine.session.transfer.moved
+    short = tokens[:24] + filler_tokens(engine, 80, seed=25)[1:]
+    out = _ask(engine, short, n_query=20)
+    assert len(out) == 6 and engine.last_turn.cached_tokens == 24
+    session = engine.session
+    assert session.transfer.moved == {} and session.table.n_complete_blocks == 0
+    assert context_positions(session) == list(range(session.table.n_tokens))
+
+
 def test_gather_and_original_agree_when_everything_fits(engines):
     tokens = filler_tokens(engines[PositionMode.GATHER], 5 * BT + 20, seed=23)
     logits = {}

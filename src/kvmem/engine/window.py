@@ -173,7 +173,9 @@ class GpuWindow:
         starts = window_layout(
             set(plan.selected).union(pinned), t.n_complete_blocks, c.sink_blocks, bt, self.positions
         )
-        moved = self.transfer.move({b: starts[b] for b in t.gpu_blocks()})
+        # complete blocks only: the open block (kept partial by a truncation) stays put
+        resident = [b for b in t.gpu_blocks() if b < t.n_complete_blocks]
+        moved = self.transfer.move({b: starts[b] for b in resident})
         restored = self.transfer.restore(list(plan.stage_in) + pinned_missing, starts)
         stats.stage_in_blocks += restored.blocks
         stats.stage_in_bytes += restored.bytes
