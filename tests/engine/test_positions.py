@@ -58,11 +58,17 @@ def _ask(engine, tokens: list[int], n_query: int = 40) -> list[int]:
     return list(engine.generate(tokens, query=span, sampling=GREEDY, max_tokens=6, ignore_eos=True))
 
 
+def _long_turn(engine, seed: int) -> list[int]:
+    """A fresh session asked about a 20-block prompt (over the 8-block budget)."""
+    engine.reset()
+    tokens = filler_tokens(engine, 20 * BT + 50, seed=seed)
+    _ask(engine, tokens)
+    return tokens
+
+
 def test_gather_moves_retrieved_blocks_next_to_the_tail(engines):
     engine = engines[PositionMode.GATHER]
-    engine.reset()
-    tokens = filler_tokens(engine, 20 * BT + 50, seed=21)
-    _ask(engine, tokens)
+    tokens = _long_turn(engine, seed=21)
     session = engine.session
     plan = session.last_plan
     assert plan is not None and plan.retrieved
@@ -85,9 +91,7 @@ def test_gather_moves_retrieved_blocks_next_to_the_tail(engines):
 
 def test_original_mode_never_moves_a_block(engines):
     engine = engines[PositionMode.ORIGINAL]
-    engine.reset()
-    tokens = filler_tokens(engine, 20 * BT + 50, seed=21)
-    _ask(engine, tokens)
+    _long_turn(engine, seed=21)
     session = engine.session
     assert session.transfer.moved == {}
     assert context_positions(session) == expected_positions(session)
@@ -125,9 +129,7 @@ def test_a_short_prompt_after_a_gathered_turn_keeps_only_the_open_block(engines)
     """A new conversation sharing 24 tokens: the cut block 0 stays open (and flagged on the
     GPU) while the reselection lays out no complete block at all."""
     engine = engines[PositionMode.GATHER]
-    engine.reset()
-    tokens = filler_tokens(engine, 20 * BT + 50, seed=24)
-    _ask(engine, tokens)
+    tokens = _long_turn(engine, seed=24)
     assert engine.session.transfer.moved
     short = tokens[:24] + filler_tokens(engine, 80, seed=25)[1:]
     out = _ask(engine, short, n_query=20)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from enum import Enum
 
 from kvmem.config import KVCacheTypes, KVMemConfig, QueryPolicy, QueryReplay
 from kvmem.errors import ConfigError
@@ -18,6 +19,16 @@ from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.scorer import ScoreMode
 
 _DEFAULTS = KVMemConfig()
+
+
+def _choice_flag(group: argparse._ArgumentGroup, flag: str, default: Enum, help_text: str) -> None:
+    """A flag whose values are the members of `default`'s Enum; help ends with the default."""
+    group.add_argument(
+        flag,
+        choices=[m.value for m in type(default)],
+        default=default.value,
+        help=f"{help_text} (default: {default.value})",
+    )
 
 
 def strict_int(text: str) -> int:
@@ -117,37 +128,37 @@ def add_kvmem_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"most recent blocks always kept (default: {_DEFAULTS.recent_blocks})",
     )
-    group.add_argument(
+    _choice_flag(
+        group,
         "--kvmem-method",
-        choices=[m.value for m in RetrievalMethod],
-        default=_DEFAULTS.method.value,
-        help="block selection (default: retrieval)",
+        _DEFAULTS.method,
+        "block selection",
     )
-    group.add_argument(
+    _choice_flag(
+        group,
         "--kvmem-score-mode",
-        choices=[m.value for m in ScoreMode],
-        default=_DEFAULTS.score_mode.value,
-        help="block summary scored against the query: bound (per-channel min/max, as in "
-        "Quest) or mean (mean key) (default: bound)",
+        _DEFAULTS.score_mode,
+        "block summary scored against the query: bound (per-channel min/max, as in "
+        "Quest) or mean (mean key)",
     )
-    group.add_argument(
+    _choice_flag(
+        group,
         "--kvmem-positions",
-        choices=[m.value for m in PositionMode],
-        default=_DEFAULTS.positions.value,
-        help="where retrieved blocks sit in the window: gather (right before the recent "
-        "blocks, in order) or original (their own positions, with gaps) (default: gather)",
+        _DEFAULTS.positions,
+        "where retrieved blocks sit in the window: gather (right before the recent "
+        "blocks, in order) or original (their own positions, with gaps)",
     )
-    group.add_argument(
+    _choice_flag(
+        group,
         "--kvmem-query-replay",
-        choices=[m.value for m in QueryReplay],
-        default=_DEFAULTS.query_replay.value,
-        help="replay the query after reselection (default: auto)",
+        _DEFAULTS.query_replay,
+        "replay the query after reselection",
     )
-    group.add_argument(
+    _choice_flag(
+        group,
         "--kvmem-query-policy",
-        choices=[m.value for m in QueryPolicy],
-        default=_DEFAULTS.query_policy.value,
-        help="retrieval query: last user message or prompt tail (default: user)",
+        _DEFAULTS.query_policy,
+        "retrieval query: last user message or prompt tail",
     )
     group.add_argument(
         "--kvmem-query-max-tokens",
