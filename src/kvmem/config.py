@@ -12,7 +12,7 @@ from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import GgmlType, parse_kv_type
 from kvmem.memory.layout import PositionMode
 from kvmem.memory.planner import RetrievalMethod
-from kvmem.memory.scorer import ScoreMode
+from kvmem.memory.scorer import ScoreAggregate, ScoreMode
 
 
 class QueryReplay(Enum):
@@ -28,6 +28,7 @@ class QueryPolicy(Enum):
 
     USER = "user"  # the last role=user message
     TAIL = "tail"  # the last tokens of the prompt
+    AGENT = "agent"  # the last user message and the live trajectory's tail
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +65,14 @@ class KVMemConfig:
     recent_blocks: int = 2
     method: RetrievalMethod = RetrievalMethod.RETRIEVAL
     query_replay: QueryReplay = QueryReplay.AUTO
-    query_policy: QueryPolicy = QueryPolicy.USER
+    query_policy: QueryPolicy = QueryPolicy.AGENT
     query_max_tokens: int = 512
+    control_tokens: int = -1  # bound of the control tier; -1: budget / 4
+    trajectory_tokens: int = -1  # bound of the trajectory tier; -1: budget / 4
+    stream_tokens: int = -1  # newest tokens a prefill chunk sees; -1: budget / 2
     score_layers: tuple[int, ...] = ()  # empty: 8 layers spread over the depth
     score_mode: ScoreMode = ScoreMode.KEY_BOUND
+    score_aggregate: ScoreAggregate = ScoreAggregate.MEAN
     positions: PositionMode = PositionMode.GATHER
     trace: bool = False
 
@@ -97,8 +102,31 @@ class KVMemConfig:
                 "--kvmem-gen-reserve",
                 f"{self.gen_reserve} tokens is smaller than one block ({self.block_tokens} tokens)",
             )
+        for flag, value in (
+            ("--kvmem-control-tokens", self.control_tokens),
+            ("--kvmem-trajectory-tokens", self.trajectory_tokens),
+            ("--kvmem-stream-tokens", self.stream_tokens),
+        ):
+            if value < -1:
+                raise ConfigError(flag, f"must be >= 0 (or -1 for the default), got {value}")
         if any(layer < 0 for layer in self.score_layers):
             raise ConfigError("--kvmem-score-layers", "layer indices must be >= 0")
+
+    def tier_tokens(self) -> dict[str, int]:
+        """The tier bounds in force (defaults resolved), by tier name."""
+        return {
+            "control": self.control_tokens if self.control_tokens >= 0 else self.budget // 4,
+            "query": min(self.query_max_tokens, self.budget // 4),
+            "trajectory": self.trajectory_tokens
+            if self.trajectory_tokens >= 0
+            else self.budget // 4,
+            "stream": self.stream_tokens if self.stream_tokens >= 0 else self.budget // 2,
+        }
+
+    @property
+    def query_pin_tokens(self) -> int:
+        """The pinned (and replayed) part of the query: at most a quarter of the budget."""
+        return self.tier_tokens()["query"]
 
     @property
     def gpu_cells(self) -> int:

@@ -85,3 +85,7 @@ class EngineNotReadyError(KVMemError):
 
 class BenchServerError(KVMemError):
     """A benchmark's HTTP server answered with an error or could not be reached."""
+
+
+class TurnCancelledError(KVMemError):
+    """The caller cancelled the turn (client gone, shutdown) while it was prefilling."""

@@ -66,4 +66,4 @@ def test_long_prompt_and_generation_stay_in_budget(bounded):
         assert set(range(b * bt, (b + 1) * bt)) <= gpu
     assert 0 in gpu  # the sink block
     records = trace.getvalue()
-    assert "KVMEM_EVICT" in records and "KVMEM_RESELECT" in records
+    assert "KVMEM_STREAM" in records and "KVMEM_RESELECT" in records

@@ -14,7 +14,7 @@ from kvmem.config import KVMemConfig
 from kvmem.engine.context import MAIN_SEQ
 from kvmem.engine.state_codec import parse_state
 from kvmem.engine.window import TokenSpan
-from kvmem.memory.layout import PositionMode, window_layout
+from kvmem.memory.layout import PositionMode, head_run_end, window_layout
 
 from .helpers import GREEDY, filler_tokens, make_engine
 
@@ -32,7 +32,7 @@ def expected_positions(session) -> list[int]:
     cells = [
         p
         for b in t.gpu_blocks()
-        for p in range(session.transfer.start(b), session.transfer.start(b) + BT)
+        for p in range(session.window.start(b), session.window.start(b) + BT)
     ]
     cells += range(t.n_complete_blocks * BT, t.n_tokens)
     return sorted(cells)
@@ -68,32 +68,32 @@ def _long_turn(engine, seed: int) -> list[int]:
 
 def test_gather_moves_retrieved_blocks_next_to_the_tail(engines):
     engine = engines[PositionMode.GATHER]
-    tokens = _long_turn(engine, seed=21)
+    _long_turn(engine, seed=21)
     session = engine.session
     plan = session.last_plan
     assert plan is not None and plan.retrieved
     n_complete = session.table.n_complete_blocks
-    pinned = set(range((len(tokens) - 40) // BT, n_complete))
-    layout = window_layout(set(plan.selected) | pinned, n_complete, 1, BT, PositionMode.GATHER)
+    layout = window_layout(set(plan.selected), n_complete, BT, PositionMode.GATHER)
     gpu = session.table.gpu_blocks()
     # no generation spill at 6 tokens: the window is the plan
-    assert set(gpu) == set(plan.selected) | pinned
-    assert {b: session.transfer.start(b) for b in gpu} == layout
-    assert session.transfer.moved == {b: p for b, p in layout.items() if p != b * BT}
-    assert session.transfer.moved  # the retrieved blocks are not next to the tail
+    assert set(gpu) == set(plan.selected)
+    assert {b: session.window.start(b) for b in gpu} == layout
+    assert session.window.moved == {b: p for b, p in layout.items() if p != b * BT}
+    assert session.window.moved  # the retrieved blocks are not next to the tail
     positions = context_positions(session)
     assert positions == expected_positions(session)
     assert len(set(positions)) == len(positions)
-    # the sink stays at 0 and nothing sits below the moved blocks but the sink
-    assert positions[:BT] == list(range(BT))
-    assert min(session.transfer.moved.values()) == positions[BT]
+    # the leading run (sink) stays put and nothing but it sits below the moved blocks
+    head = head_run_end(set(plan.selected))
+    assert head >= 1 and positions[: head * BT] == list(range(head * BT))
+    assert min(session.window.moved.values()) == positions[head * BT]
 
 
 def test_original_mode_never_moves_a_block(engines):
     engine = engines[PositionMode.ORIGINAL]
     _long_turn(engine, seed=21)
     session = engine.session
-    assert session.transfer.moved == {}
+    assert session.window.moved == {}
     assert context_positions(session) == expected_positions(session)
     assert session.last_plan.retrieved
 
@@ -105,14 +105,16 @@ def test_next_turns_relayout_and_an_edit_releases_moved_blocks(engines):
     turn1 = base[: 18 * BT + 30]
     out1 = _ask(engine, turn1)
     session = engine.session
-    assert session.transfer.moved
+    assert session.window.moved
     # turn 2 appends: the layout is recomputed for the new tail run, cells stay consistent
     turn2 = turn1 + out1 + base[18 * BT + 30 : 24 * BT]
     out2 = _ask(engine, turn2)
-    assert engine.last_turn.cached_tokens == len(turn1) + len(out1) - 1
+    turn = engine.last_turn  # the replayed query and the answer saw the chosen window
+    assert turn.cached_tokens + turn.reprocessed_tokens == len(turn1) + len(out1) - 1
+    assert turn.reprocessed_tokens > 0
     assert context_positions(session) == expected_positions(session)
     # an edit inside the moved blocks' positions: they are released, the rest is rebuilt
-    moved_at = min(session.transfer.moved.values())
+    moved_at = min(session.window.moved.values())
     edited = list(turn2 + out2)
     cut = moved_at + 10
     edited[cut] = engine.tokenize(" purple")[0]
@@ -130,12 +132,12 @@ def test_a_short_prompt_after_a_gathered_turn_keeps_only_the_open_block(engines)
     GPU) while the reselection lays out no complete block at all."""
     engine = engines[PositionMode.GATHER]
     tokens = _long_turn(engine, seed=24)
-    assert engine.session.transfer.moved
+    assert engine.session.window.moved
     short = tokens[:24] + filler_tokens(engine, 80, seed=25)[1:]
     out = _ask(engine, short, n_query=20)
     assert len(out) == 6 and engine.last_turn.cached_tokens == 24
     session = engine.session
-    assert session.transfer.moved == {} and session.table.n_complete_blocks == 0
+    assert session.window.moved == {} and session.table.n_complete_blocks == 0
     assert context_positions(session) == list(range(session.table.n_tokens))
 
 
@@ -145,5 +147,5 @@ def test_gather_and_original_agree_when_everything_fits(engines):
     for mode, engine in engines.items():
         engine.reset()
         logits[mode] = engine.teacher_force(tokens, tokens[-3:], query=TokenSpan(600, 660))
-        assert engine.session.transfer.moved == {}
+        assert engine.session.window.moved == {}
     assert np.array_equal(logits[PositionMode.GATHER], logits[PositionMode.ORIGINAL])

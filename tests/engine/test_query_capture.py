@@ -121,9 +121,9 @@ def test_tail_policy_queries_the_prompt_end_without_a_span(smollm2_path):
         engine.teacher_force(prompt, prompt[-1:])  # no span given: the policy makes one
         q = engine.session.last_query
         assert q.positions.tolist() == list(range(1400, 1500))
-        # the query's block (1400 // 128 = 10) on is pinned; the rest was chosen by score
+        # the query's complete block (1400 // 128 = 10) is a recent one; the rest by score
         plan = engine.session.last_plan
-        assert plan.sink == (0,) and max(plan.selected) < 10
-        assert plan.retrieved
+        assert plan.sink == (0,) and plan.recent == (9, 10)
+        assert plan.retrieved and max(plan.retrieved) < 9
     finally:
         engine.close()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from kvmem.config import KVMemConfig
+from kvmem.engine import TurnStats
 
 from .helpers import filler_tokens, make_engine
 
@@ -30,14 +31,16 @@ def test_evict_restore_is_exact(smollm2_path, cache):
             assert session.table.is_in_host(1) and session.table.is_on_gpu(1)
 
         def evict_restore(session):
-            session.transfer.evict([1])
+            session.window.evict([1])
             assert not session.table.is_on_gpu(1)
-            result = session.transfer.restore([1])
-            assert result.blocks == 1 and result.bytes == session.store.get(1).nbytes
+            stats = TurnStats()
+            session.window.restore({1: 128}, stats)
+            assert stats.stage_in_blocks == 1
+            assert stats.stage_in_bytes == session.store.get(1).nbytes
             assert session.table.is_on_gpu(1)
 
         def evict_only(session):
-            session.transfer.evict([1])
+            session.window.evict([1])
 
         reference = _next_logits(engine, prompt, token, untouched)
         restored = _next_logits(engine, prompt, token, evict_restore)
@@ -56,10 +59,11 @@ def test_restore_several_blocks_in_one_call(smollm2_path):
         reference = _next_logits(engine, prompt, token, lambda s: None)
 
         def shuffle(session):
-            session.transfer.evict([1, 2, 3])
+            session.window.evict([1, 2, 3])
             assert session.table.gpu_blocks() == (0, 4)
-            result = session.transfer.restore([3, 1, 2])
-            assert result.blocks == 3
+            stats = TurnStats()
+            session.window.restore({3: 384, 1: 128, 2: 256}, stats)
+            assert stats.stage_in_blocks == 3
             assert session.table.gpu_blocks() == (0, 1, 2, 3, 4)
 
         assert np.array_equal(_next_logits(engine, prompt, token, shuffle), reference)

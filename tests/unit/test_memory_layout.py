@@ -18,11 +18,14 @@ from kvmem.memory.layout import (
 BT = 128
 
 
-def reference_layout(selected: set[int], n_complete: int, sink: int) -> dict[int, int]:
-    """Plain version: walk down from the tail; the run stays, the rest packs below it."""
+def reference_layout(selected: set[int], n_complete: int) -> dict[int, int]:
+    """Plain version: the runs at both ends stay, the rest packs below the tail run."""
     run = n_complete
     while run - 1 in selected:
         run -= 1
+    sink = 0
+    while sink in selected and sink < run:
+        sink += 1
     out = {b: b * BT for b in selected if b < sink or b >= run}
     slot = run - 1
     for b in sorted((b for b in selected if sink <= b < run), reverse=True):
@@ -40,32 +43,32 @@ def test_tail_run_start() -> None:
 
 def test_gather_puts_retrieved_blocks_right_before_the_tail_run() -> None:
     # sink 0, retrieved 3 and 7, recent run 44..46 of 47 complete blocks
-    starts = window_layout({0, 3, 7, 44, 45, 46}, 47, 1, BT, PositionMode.GATHER)
+    starts = window_layout({0, 3, 7, 44, 45, 46}, 47, BT, PositionMode.GATHER)
     assert starts == {0: 0, 3: 42 * BT, 7: 43 * BT, 44: 44 * BT, 45: 45 * BT, 46: 46 * BT}
 
 
 def test_original_keeps_every_block_at_its_own_positions() -> None:
-    starts = window_layout({0, 3, 7, 44, 45, 46}, 47, 1, BT, PositionMode.ORIGINAL)
+    starts = window_layout({0, 3, 7, 44, 45, 46}, 47, BT, PositionMode.ORIGINAL)
     assert starts == {b: b * BT for b in (0, 3, 7, 44, 45, 46)}
 
 
 def test_gather_without_gaps_moves_nothing() -> None:
-    assert window_layout(set(range(12)), 12, 1, BT, PositionMode.GATHER) == {
+    assert window_layout(set(range(12)), 12, BT, PositionMode.GATHER) == {
         b: b * BT for b in range(12)
     }
-    # a sink run that reaches the retrieved blocks: the blocks still move up to the tail run
-    starts = window_layout({0, 1, 2, 9}, 10, 1, BT, PositionMode.GATHER)
-    assert starts == {0: 0, 1: 7 * BT, 2: 8 * BT, 9: 9 * BT}
+    # the run that starts the conversation (sink and control text) stays where it is
+    starts = window_layout({0, 1, 2, 5, 9}, 10, BT, PositionMode.GATHER)
+    assert starts == {0: 0, 1: BT, 2: 2 * BT, 5: 8 * BT, 9: 9 * BT}
 
 
-def test_gather_with_no_sink_moves_block_zero_too() -> None:
-    starts = window_layout({0, 4, 9}, 10, 0, BT, PositionMode.GATHER)
-    assert starts == {0: 7 * BT, 4: 8 * BT, 9: 9 * BT}
+def test_gather_without_block_zero_moves_every_block_before_the_tail_run() -> None:
+    starts = window_layout({1, 4, 9}, 10, BT, PositionMode.GATHER)
+    assert starts == {1: 7 * BT, 4: 8 * BT, 9: 9 * BT}
 
 
 def test_layout_rejects_blocks_out_of_range() -> None:
     with pytest.raises(MemoryLayoutError):
-        window_layout({0, 10}, 10, 1, BT, PositionMode.GATHER)
+        window_layout({0, 10}, 10, BT, PositionMode.GATHER)
 
 
 def test_gather_matches_the_reference_on_random_windows() -> None:
@@ -73,9 +76,8 @@ def test_gather_matches_the_reference_on_random_windows() -> None:
     for _ in range(300):
         n = rng.randint(1, 60)
         selected = set(rng.sample(range(n), rng.randint(0, n)))
-        sink = rng.randint(0, 3)
-        got = window_layout(selected, n, sink, BT, PositionMode.GATHER)
-        assert got == reference_layout(selected, n, sink)
+        got = window_layout(selected, n, BT, PositionMode.GATHER)
+        assert got == reference_layout(selected, n)
         assert len(set(got.values())) == len(got)  # no two blocks share positions
         order = sorted(got, key=got.get)
         assert order == sorted(got)  # chronological order is kept
@@ -129,13 +131,13 @@ def test_relayouts_between_random_windows_never_collide() -> None:
     for _ in range(300):
         n = rng.randint(2, 50)
         first = set(rng.sample(range(n), rng.randint(1, n)))
-        now = window_layout(first, n, 1, BT, PositionMode.GATHER)
+        now = window_layout(first, n, BT, PositionMode.GATHER)
         # the next turn: more blocks, some of the old ones kept
         n2 = n + rng.randint(0, 6)
         kept = {b for b in first if rng.random() < 0.6}
         second = kept | set(rng.sample(range(n2), rng.randint(0, n2 // 2)))
         second |= set(range(n, n2))
-        target = window_layout(second, n2, 1, BT, PositionMode.GATHER)
+        target = window_layout(second, n2, BT, PositionMode.GATHER)
         current = {b: now[b] for b in kept}
         moves = move_order(current, {b: target[b] for b in kept}, BT)
         assert simulate(current, moves) == {b: target[b] for b in kept}

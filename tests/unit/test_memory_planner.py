@@ -1,7 +1,8 @@
-"""plan_window and plan_eviction: exact plans by hand and against a plain reference planner."""
+"""The tier planner: exact block ids per tier by hand, and against a plain reference."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -10,256 +11,217 @@ from kvmem.errors import MemoryLayoutError
 from kvmem.memory.planner import (
     PlannerConfig,
     RetrievalMethod,
-    WindowPlan,
-    plan_eviction,
+    Tier,
+    WindowRequest,
     plan_window,
-    scored_candidates,
+    ranked_candidates,
+    stream_window,
 )
+from kvmem.memory.spans import PromptSpans, TokenSpan
 
 RET, REC = RetrievalMethod.RETRIEVAL, RetrievalMethod.RECENCY
-SCORES = {1: 0.1, 2: 0.5, 3: 0.2, 4: 0.5, 5: 0.05, 6: 0.3, 7: 0.0, 8: 0.9, 9: 0.0}
+BT = 4
 
 
-def _config(
-    budget: int = 24, method: RetrievalMethod = RET, sink: int = 1, recent: int = 2
-) -> PlannerConfig:
+def _config(budget: int = 48, method: RetrievalMethod = RET, **bounds: int) -> PlannerConfig:
+    args = {"control_tokens": 8, "query_tokens": 8, "trajectory_tokens": 8, "stream_tokens": 8}
+    args.update(bounds)
     return PlannerConfig(
-        block_tokens=4, budget_tokens=budget, sink_blocks=sink, recent_blocks=recent, method=method
+        block_tokens=BT, budget_tokens=budget, sink_blocks=1, recent_blocks=2, method=method, **args
     )
 
 
-def test_all_fit() -> None:
-    plan = plan_window(_config(), range(5), on_gpu=[0, 1, 2], scores=None, tail_tokens=3)
-    assert plan == WindowPlan(
-        selected=(0, 1, 2, 3, 4),
-        sink=(0,),
-        recent=(3, 4),
-        retrieved=(),
-        keep=(0, 1, 2),
-        stage_in=(3, 4),
-        stage_out=(),
+# an agent loop: control text in blocks 0-2, the task in 3-4, the trajectory from 5 on
+AGENT = PromptSpans(
+    control=TokenSpan(0, 11),
+    query=TokenSpan(11, 19),
+    trajectory=TokenSpan(19, 81),
+    live=TokenSpan(70, 81),
+)
+
+
+def test_everything_fits_holds_every_block_and_reports_the_tiers() -> None:
+    request = WindowRequest(n_complete=6, open_tokens=1, spans=AGENT)
+    plan = plan_window(_config(), request, on_gpu=[0, 1, 2, 3], scores=None)
+    assert plan.fits
+    assert plan.selected == (0, 1, 2, 3, 4, 5)
+    assert plan.stage_in == (4, 5) and plan.keep == (0, 1, 2, 3) and plan.stage_out == ()
+    assert plan.tier(Tier.SINK) == (0,) and plan.tier(Tier.RECENT) == (4, 5)
+    assert plan.tier(Tier.CONTROL) == (1, 2) and plan.tier(Tier.QUERY) == (3,)
+    assert plan.retrieved == ()
+
+
+def test_agent_loop_tiers_then_retrieval_by_score() -> None:
+    # 20 complete blocks, 11 slots next to the open token: sink 0, recent 18-19, control 1-2
+    # (bound 2), query 3-4, trajectory 16-17 (its newest 2 beyond recent), 2 slots by score
+    request = WindowRequest(n_complete=20, open_tokens=1, spans=AGENT)
+    scores = {b: 0.0 for b in range(20)} | {7: 0.9, 12: 0.8, 9: 0.7, 10: 0.1}
+    assert ranked_candidates(_config(), request) == (5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+    plan = plan_window(_config(), request, on_gpu=[0, 1, 2, 19, 10], scores=scores)
+    assert plan.tiers == {
+        Tier.SINK: (0,),
+        Tier.RECENT: (18, 19),
+        Tier.CONTROL: (1, 2),
+        Tier.QUERY: (3, 4),
+        Tier.TRAJECTORY: (16, 17),
+        Tier.RETRIEVED: (7, 12),
+    }
+    assert plan.unpinned == {Tier.TRAJECTORY: tuple(range(5, 16))}
+    assert plan.selected == (0, 1, 2, 3, 4, 7, 12, 16, 17, 18, 19)
+    assert plan.keep == (0, 1, 2, 19) and plan.stage_out == (10,)
+    assert plan.stage_in == (3, 4, 7, 12, 16, 17, 18)
+
+
+def test_control_text_longer_than_its_bound_keeps_its_newest_blocks() -> None:
+    spans = PromptSpans(control=TokenSpan(0, 30), query=TokenSpan(30, 34))
+    request = WindowRequest(n_complete=20, open_tokens=0, spans=spans)
+    plan = plan_window(_config(), request, on_gpu=(), scores=None)
+    # block 0 is the sink; the bound (8 tokens = 2 blocks) keeps control blocks 6-7
+    assert plan.tier(Tier.CONTROL) == (6, 7)
+    assert plan.unpinned[Tier.CONTROL] == (1, 2, 3, 4, 5)
+    assert plan.tier(Tier.QUERY) == (8,)  # its block 7 is control's already
+    # no scores: the free slots go to the newest unpinned blocks
+    assert plan.retrieved == (12, 13, 14, 15, 16, 17)
+
+
+def test_trajectory_longer_than_the_budget_falls_back_to_its_newest_part() -> None:
+    spans = PromptSpans(
+        control=TokenSpan(0, 8), query=TokenSpan(8, 12), trajectory=TokenSpan(12, 200)
     )
-    assert plan.changed
+    config = _config(budget=24, trajectory_tokens=400)  # 6 slots, trajectory bound past them
+    request = WindowRequest(n_complete=50, open_tokens=0, spans=spans)
+    plan = plan_window(config, request, on_gpu=(), scores={b: 1.0 for b in range(50)})
+    assert plan.tiers == {
+        Tier.SINK: (0,),
+        Tier.RECENT: (48, 49),
+        Tier.CONTROL: (1,),
+        Tier.QUERY: (2,),
+        Tier.TRAJECTORY: (47,),
+    }
+    assert plan.unpinned[Tier.TRAJECTORY] == tuple(range(3, 47))
+    assert plan.retrieved == ()
+    assert ranked_candidates(config, request) == ()  # no slot left: nothing is scored
 
 
-def test_sink_recent_and_top_scores_with_diff() -> None:
-    plan = plan_window(
-        _config(), range(10), on_gpu={0, 1, 2, 8, 9, 12}, scores=SCORES, tail_tokens=0
-    )
-    # 6 slots: sink 0, recent 8 9, then 3 by score among 1..7: 4 and 2 tie at 0.5 (4 is more recent), then 6
-    assert plan == WindowPlan(
-        selected=(0, 2, 4, 6, 8, 9),
-        sink=(0,),
-        recent=(8, 9),
-        retrieved=(2, 4, 6),
-        keep=(0, 2, 8, 9),
-        stage_in=(4, 6),
-        stage_out=(1, 12),
-    )
-    assert plan.changed
+def test_budget_smaller_than_the_pins_keeps_sink_and_recent_first() -> None:
+    request = WindowRequest(n_complete=10, open_tokens=3, spans=AGENT)
+    plan = plan_window(_config(budget=12), request, on_gpu=(), scores=None)
+    assert plan.tiers == {Tier.SINK: (0,), Tier.RECENT: (9,)}
+    assert plan.unpinned == {
+        Tier.RECENT: (8,),
+        Tier.CONTROL: (1, 2),
+        Tier.QUERY: (2, 3, 4),  # block 2 holds control text and the task
+        Tier.TRAJECTORY: (4, 5, 6, 7, 8),
+    }
 
 
-def test_ties_prefer_recent_blocks() -> None:
-    plan = plan_window(
-        _config(), range(10), on_gpu=(), scores=dict.fromkeys(range(10), 1.0), tail_tokens=0
-    )
-    assert plan.retrieved == (5, 6, 7)
-    assert plan.selected == (0, 5, 6, 7, 8, 9)
+def test_forced_blocks_are_held_and_recency_fills_the_rest() -> None:
+    request = WindowRequest(n_complete=20, open_tokens=0, forced=(6, 25))
+    plan = plan_window(_config(budget=28, method=REC), request, on_gpu=(), scores=None)
+    assert plan.tier(Tier.FORCED) == (6,)
+    assert plan.retrieved == (15, 16, 17)
+    assert plan.selected == (0, 6, 15, 16, 17, 18, 19)
 
 
-def test_unchanged_window() -> None:
-    plan = plan_window(
-        _config(), range(10), on_gpu=(0, 2, 4, 6, 8, 9), scores=SCORES, tail_tokens=0
-    )
-    assert plan.keep == plan.selected == (0, 2, 4, 6, 8, 9)
-    assert plan.stage_in == plan.stage_out == ()
-    assert not plan.changed
+def test_score_ties_prefer_the_more_recent_block_and_missing_scores_rank_last() -> None:
+    request = WindowRequest(n_complete=12, open_tokens=0)
+    plan = plan_window(_config(budget=24), request, on_gpu=(), scores={3: 1.0, 5: 1.0, 2: 0.5})
+    assert plan.retrieved == (2, 3, 5)
+    assert plan.selected == (0, 2, 3, 5, 10, 11)
 
 
-def test_recency_method() -> None:
-    plan = plan_window(_config(method=REC), range(10), on_gpu=(0, 1), scores=None, tail_tokens=0)
-    assert plan == WindowPlan(
-        selected=(0, 5, 6, 7, 8, 9),
-        sink=(0,),
-        recent=(5, 6, 7, 8, 9),
-        retrieved=(),
-        keep=(0,),
-        stage_in=(5, 6, 7, 8, 9),
-        stage_out=(1,),
-    )
-
-
-def test_tail_tokens_reduce_slots() -> None:
-    plan = plan_window(_config(), range(10), on_gpu=(), scores=SCORES, tail_tokens=5)
-    # (24 - 5) // 4 = 4 slots: sink, two recent, one retrieved (4 beats 2 on the tie)
-    assert plan.selected == (0, 4, 8, 9)
-    assert plan.retrieved == (4,)
-    plan = plan_window(_config(), range(10), on_gpu=(), scores=SCORES, tail_tokens=30)
-    assert plan.selected == ()
-
-
-def test_budget_smaller_than_sink_and_recent() -> None:
-    plan = plan_window(_config(budget=8), range(10), on_gpu=(), scores=SCORES, tail_tokens=0)
-    assert (plan.selected, plan.sink, plan.recent, plan.retrieved) == ((0, 9), (0,), (9,), ())
-    plan = plan_window(_config(budget=4), range(10), on_gpu=(), scores=SCORES, tail_tokens=0)
-    assert (plan.selected, plan.sink, plan.recent) == ((0,), (0,), ())
-    plan = plan_window(
-        _config(budget=4, sink=2), range(10), on_gpu=(), scores=SCORES, tail_tokens=0
-    )
-    assert (plan.selected, plan.sink, plan.recent) == ((0,), (0,), ())
-    plan = plan_window(
-        _config(budget=12, sink=0, recent=5), range(10), on_gpu=(), scores=SCORES, tail_tokens=0
-    )
-    assert (plan.selected, plan.sink, plan.recent) == ((7, 8, 9), (), (7, 8, 9))
-
-
-def test_sink_wins_overlap_when_all_fit() -> None:
-    plan = plan_window(_config(sink=2, recent=2), [3, 4, 5], on_gpu=(), scores=None, tail_tokens=0)
-    assert (plan.selected, plan.sink, plan.recent) == ((3, 4, 5), (3, 4), (5,))
-
-
-def test_missing_scores_rank_last_and_retrieval_needs_scores() -> None:
-    plan = plan_window(_config(), range(10), on_gpu=(), scores={1: 0.0, 3: -5.0}, tail_tokens=0)
-    assert plan.retrieved == (1, 3, 7)
+def test_stream_window_is_a_function_of_the_position() -> None:
+    config = _config(stream_tokens=12)
+    spans = PromptSpans(control=TokenSpan(0, 10))
+    assert stream_window(config, 16, spans, room=20) == (0, 1, 2, 3)  # all fit
+    # 10 blocks before position 40: sink, control 1-2 (bound 2 blocks), newest 3
+    assert stream_window(config, 40, spans, room=28) == (0, 1, 2, 7, 8, 9)
+    assert stream_window(config, 40, spans, room=16) == (0, 1, 2, 9)
     with pytest.raises(MemoryLayoutError):
-        plan_window(_config(), range(10), on_gpu=(), scores=None, tail_tokens=0)
-    with pytest.raises(MemoryLayoutError):
-        plan_window(_config(), [0, 2, 1], on_gpu=(), scores=SCORES, tail_tokens=0)
-
-
-def test_eviction_order() -> None:
-    config = _config()
-    on_gpu = (0, 1, 3, 5, 8, 9, 10)  # 10: the open tail block, not a candidate
-    cands = range(10)
-    assert plan_eviction(config, on_gpu, cands, preferred={3, 8}, n_blocks=3) == (1, 5, 3)
-    assert plan_eviction(config, on_gpu, cands, preferred={3, 8}, n_blocks=4) == (1, 5, 3, 8)
-    assert plan_eviction(config, on_gpu, cands, preferred={3, 8}, n_blocks=10) == (1, 5, 3, 8, 9, 0)
-    assert plan_eviction(config, on_gpu, cands, preferred=(), n_blocks=0) == ()
-    assert plan_eviction(config, (), cands, preferred=(), n_blocks=2) == ()
+        stream_window(config, 41, spans, room=28)
 
 
 # --- randomized comparison with a plain reference -----------------------------------------
 
 
-def _reference_plan(
-    config: PlannerConfig, cands: list[int], on_gpu: set[int], scores: dict[int, float], tail: int
-) -> tuple[tuple[int, ...], ...]:
-    slots = (config.budget_tokens - tail) // config.block_tokens
-    if slots < 0:
-        slots = 0
-    if len(cands) <= slots:
-        selected = list(cands)
-    else:
-        selected: list[int] = []
-        for b in cands[: config.sink_blocks]:
-            if len(selected) < slots:
-                selected.append(b)
-        taken = 0
-        i = len(cands) - 1
-        while taken < config.recent_blocks and len(selected) < slots and i >= 0:
-            if cands[i] not in selected:
-                selected.append(cands[i])
-                taken += 1
-            i -= 1
-        rest = [b for b in cands if b not in selected]
-        if config.method is RetrievalMethod.RECENCY:
-            order = list(reversed(rest))
-        else:
-            order: list[int] = []
-            while rest:  # selection sort: best score, then the more recent
-                best = rest[0]
-                for b in rest[1:]:
-                    if scores[b] > scores[best] or (scores[b] == scores[best] and b > best):
-                        best = b
-                order.append(best)
-                rest.remove(best)
-        for b in order:
-            if len(selected) < slots:
-                selected.append(b)
-    selected = sorted(selected)
-    keep = [b for b in selected if b in on_gpu]
-    stage_in = [b for b in selected if b not in on_gpu]
-    stage_out = sorted(b for b in on_gpu if b not in selected)
-    return tuple(selected), tuple(keep), tuple(stage_in), tuple(stage_out)
+def _blocks(span: TokenSpan | None, n: int) -> list[int]:
+    if span is None or span.length == 0:
+        return []
+    return [b for b in range(span.start // BT, (span.end - 1) // BT + 1) if b < n]
 
 
-def _reference_eviction(
-    config: PlannerConfig, on_gpu: set[int], cands: list[int], preferred: set[int], n: int
+def _reference(
+    config: PlannerConfig, request: WindowRequest, scores: dict[int, float]
 ) -> tuple[int, ...]:
-    sink = list(cands[: config.sink_blocks])
-    recent = (
-        [b for b in cands[len(cands) - config.recent_blocks :] if b not in sink]
-        if config.recent_blocks
-        else []
-    )
-    order: list[int] = []
-    for tier in range(4):
-        for b in sorted(on_gpu):
-            if b not in cands:
-                continue
-            if tier == 0 and b not in sink and b not in recent and b not in preferred:
-                order.append(b)
-            if tier == 1 and b not in sink and b not in recent and b in preferred:
-                order.append(b)
-            if tier == 2 and b in recent:
-                order.append(b)
-            if tier == 3 and b in sink:
-                order.append(b)
-    return tuple(order[:n])
+    n, spans = request.n_complete, request.spans
+    slots = max(0, (config.budget_tokens - request.open_tokens) // BT)
+    if n <= slots:
+        return tuple(range(n))
+    chosen: list[int] = []
+
+    def take(newest_first: list[int], bound: int) -> None:
+        count = 0
+        for b in newest_first:
+            if b not in chosen and count < bound and len(chosen) < slots:
+                chosen.append(b)
+                count += 1
+
+    take(list(range(min(config.sink_blocks, n))), config.sink_blocks)
+    take(list(range(n - 1, -1, -1))[: config.recent_blocks], config.recent_blocks)
+    take(list(reversed(_blocks(spans.control, n))), config.control_tokens // BT)
+    take(list(reversed(_blocks(spans.query, n))), math.ceil(config.query_tokens / BT))
+    take(list(reversed(_blocks(spans.trajectory, n))), math.ceil(config.trajectory_tokens / BT))
+    take(sorted({b for b in request.forced if b < n}, reverse=True), n)
+    rest = [b for b in range(n) if b not in chosen]
+    if config.method is RetrievalMethod.RECENCY:
+        order = sorted(rest, reverse=True)
+    else:
+        order = []
+        while rest:  # selection sort: best score, then the more recent
+            best = rest[0]
+            for b in rest[1:]:
+                if scores[b] > scores[best] or (scores[b] == scores[best] and b > best):
+                    best = b
+            order.append(best)
+            rest.remove(best)
+    take(order, n)
+    return tuple(sorted(chosen))
+
+
+def _span(rng: random.Random, hi: int) -> TokenSpan | None:
+    if rng.random() < 0.2:
+        return None
+    a = rng.randint(0, hi)
+    return TokenSpan(a, rng.randint(a, hi))
 
 
 def test_random_plans_match_reference() -> None:
     rng = random.Random(1234)
     for _ in range(3000):
-        method = rng.choice([RET, REC])
         config = PlannerConfig(
-            block_tokens=rng.choice([1, 4, 32]),
-            budget_tokens=rng.randint(0, 40) * rng.choice([1, 4, 32]),
+            block_tokens=BT,
+            budget_tokens=rng.randint(0, 40) * BT,
             sink_blocks=rng.randint(0, 3),
             recent_blocks=rng.randint(0, 4),
-            method=method,
+            method=rng.choice([RET, REC]),
+            control_tokens=rng.randint(0, 20),
+            query_tokens=rng.randint(0, 20),
+            trajectory_tokens=rng.randint(0, 40),
         )
-        cands = sorted(rng.sample(range(40), rng.randint(0, 25)))
+        n = rng.randint(0, 40)
+        spans = PromptSpans(*(_span(rng, n * BT + 3) for _ in range(3)))
+        forced = tuple(rng.sample(range(45), rng.randint(0, 3)))
+        request = WindowRequest(n, rng.randint(0, 2 * BT), spans, forced)
         on_gpu = set(rng.sample(range(45), rng.randint(0, 20)))
-        scores = {b: float(rng.randint(0, 5)) for b in cands}  # many ties
-        tail = rng.randint(0, 3 * config.block_tokens)
-        plan = plan_window(config, cands, on_gpu, scores, tail)
-        expected = _reference_plan(config, cands, on_gpu, scores, tail)
-        assert (plan.selected, plan.keep, plan.stage_in, plan.stage_out) == expected
-        assert set(plan.sink) | set(plan.recent) | set(plan.retrieved) <= set(plan.selected)
-        if len(cands) > (config.budget_tokens - tail) // config.block_tokens:
-            assert set(plan.sink) | set(plan.recent) | set(plan.retrieved) == set(plan.selected)
-        preferred = set(rng.sample(range(40), rng.randint(0, 10)))
-        n = rng.randint(0, 12)
-        assert plan_eviction(config, sorted(on_gpu), cands, preferred, n) == _reference_eviction(
-            config, on_gpu, cands, preferred, n
-        )
-
-
-def test_scored_candidates_are_exactly_the_blocks_the_plan_ranks() -> None:
-    rng = random.Random(99)
-    for _ in range(3000):
-        config = PlannerConfig(
-            block_tokens=rng.choice([1, 4]),
-            budget_tokens=rng.randint(0, 40) * 4,
-            sink_blocks=rng.randint(0, 3),
-            recent_blocks=rng.randint(0, 4),
-            method=RET,
-        )
-        cands = sorted(rng.sample(range(40), rng.randint(0, 25)))
-        tail = rng.randint(0, 3 * config.block_tokens)
-        scores = {b: float(rng.randint(0, 5)) for b in cands}
-        with_scores = plan_window(config, cands, set(), scores, tail)
-        ranked = scored_candidates(config, cands, tail)
-        if ranked:
-            assert with_scores.retrieved  # free slots are filled by score
-            assert set(ranked).isdisjoint(with_scores.sink + with_scores.recent)
-            only_ranked = {b: scores[b] for b in ranked}
-            assert plan_window(config, cands, set(), only_ranked, tail) == with_scores
-        else:
-            assert plan_window(config, cands, set(), None, tail) == with_scores
-    assert scored_candidates(_config(method=REC), range(100), 0) == ()
-    # 6 slots: sink 0 + recent 8, 9, and 3 slots by score among blocks 1..7
-    assert scored_candidates(_config(budget=24), range(10), 0) == (1, 2, 3, 4, 5, 6, 7)
-    assert scored_candidates(_config(budget=24), range(6), 0) == ()  # all fit
-    assert scored_candidates(_config(budget=24), range(10), 12) == ()  # sink + recent only
+        scores = {b: float(rng.randint(0, 5)) for b in range(n)}  # many ties
+        plan = plan_window(config, request, on_gpu, scores)
+        assert plan.selected == _reference(config, request, scores)
+        assert plan.keep == tuple(b for b in plan.selected if b in on_gpu)
+        assert plan.stage_in == tuple(b for b in plan.selected if b not in on_gpu)
+        assert plan.stage_out == tuple(sorted(on_gpu - set(plan.selected)))
+        held = [b for blocks in plan.tiers.values() for b in blocks]
+        if not plan.fits:
+            assert sorted(held) == list(plan.selected)  # each block in exactly one tier
+        ranked = ranked_candidates(config, request)
+        only_ranked = {b: scores[b] for b in ranked}
+        assert plan_window(config, request, on_gpu, only_ranked).selected == plan.selected

@@ -12,7 +12,7 @@ from kvmem.memory import scorer
 from kvmem.memory.ggml_types import GgmlType
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex
 from kvmem.memory.rope import RopeParams, RopeType, apply_rope
-from kvmem.memory.scorer import QueryVectors, ScoreMode, score_blocks
+from kvmem.memory.scorer import QueryVectors, ScoreAggregate, ScoreMode, score_blocks
 
 N_LAYER, N_HEAD, N_HEAD_KV, HEAD_DIM = 3, 4, 2, 8
 
@@ -52,6 +52,7 @@ def _score_loop(
     block_ids: list[int],
     query: QueryVectors,
     mode: ScoreMode = ScoreMode.KEY_BOUND,
+    aggregate: ScoreAggregate = ScoreAggregate.MEAN,
 ) -> list[float]:
     g = index.geometry
     means = index.means(block_ids).astype(np.float64)  # [n_blocks, n_scored, n_head_kv, head_dim]
@@ -84,15 +85,21 @@ def _score_loop(
                 top = max(logits)
                 exps = [math.exp(x - top) for x in logits]
                 for b in range(len(block_ids)):
-                    layer_totals[b] += exps[b] / sum(exps)
+                    p = exps[b] / sum(exps)
+                    if aggregate is ScoreAggregate.MAX:
+                        layer_totals[b] = max(layer_totals[b], p)
+                    else:
+                        layer_totals[b] += p
+        norm = sum(layer_totals) if aggregate is ScoreAggregate.MAX else n_tokens * n_head
         for b in range(len(block_ids)):
-            totals[b] += layer_totals[b] / (n_tokens * n_head)
+            totals[b] += layer_totals[b] / norm
     return [x / n_layers for x in totals]
 
 
+@pytest.mark.parametrize("aggregate", list(ScoreAggregate))
 @pytest.mark.parametrize("mode", [ScoreMode.KEY_BOUND, ScoreMode.MEAN_KEY])
 @pytest.mark.parametrize("rope_type", [RopeType.NORM, RopeType.NEOX])
-def test_scores_match_loop(rope_type: RopeType, mode: ScoreMode) -> None:
+def test_scores_match_loop(rope_type: RopeType, mode: ScoreMode, aggregate: ScoreAggregate) -> None:
     g = _geometry(rope_type)
     rng = np.random.default_rng(4)
     index = _build_index(g, n_blocks=6, rng=rng)
@@ -105,10 +112,11 @@ def test_scores_match_loop(rope_type: RopeType, mode: ScoreMode) -> None:
         },
     )
     block_ids = [5, 0, 3, 2]
-    got = score_blocks(index, block_ids, query, mode=mode)
+    got = score_blocks(index, block_ids, query, mode=mode, aggregate=aggregate)
     assert got.dtype == np.float32
     assert got.shape == (4,)
-    np.testing.assert_allclose(got, _score_loop(index, block_ids, query, mode), rtol=0, atol=1e-6)
+    expected = _score_loop(index, block_ids, query, mode, aggregate)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
     assert float(got.sum()) == pytest.approx(1.0, abs=1e-6)
 
 
@@ -130,6 +138,9 @@ def test_chunked_and_threaded_scores_match_loop(
     block_ids = [0, 1, 2, 3, 4]
     got = score_blocks(index, block_ids, query, workers=workers)
     np.testing.assert_allclose(got, _score_loop(index, block_ids, query), rtol=0, atol=1e-6)
+    got = score_blocks(index, block_ids, query, workers=workers, aggregate=ScoreAggregate.MAX)
+    expected = _score_loop(index, block_ids, query, aggregate=ScoreAggregate.MAX)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
 
 
 def test_block_matching_the_query_scores_highest() -> None:

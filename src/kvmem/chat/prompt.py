@@ -1,8 +1,10 @@
-"""Messages -> prompt text -> tokens, with the KVMem retrieval query span.
+"""Messages -> prompt text -> tokens, with the spans the KVMem window treats specially.
 
-The query of a turn is the last role=user message: the conversation is rendered up to and
-including that message, the message's text is located in it, and its character span is
-mapped onto the tokens of the whole prompt. The whole prompt is tokenized in one piece
+The spans: the control text (everything before the first non-system message: the system
+prompt and the tool definitions), the task (the last role=user message), the live
+trajectory after it (assistant tool calls and tool results) and the last message. The
+task is located by rendering the conversation up to and including it; each character
+span is mapped onto the tokens of the whole prompt. The whole prompt is tokenized in one piece
 (so that the next turn, which renders the same prefix, tokenizes it identically and the
 session reuses its KV); the span's token boundaries are where the tokenizations of the
 text before the span and of the text up to its end stop agreeing with the whole.
@@ -18,8 +20,8 @@ from kvmem.chat.messages import last_user_index, normalize_messages
 from kvmem.chat.protocol import ChatEngine
 from kvmem.chat.reasoning import prompt_opens_reasoning
 from kvmem.chat.template import ChatTemplate
-from kvmem.engine import TokenSpan
 from kvmem.errors import TemplateError
+from kvmem.memory.spans import PromptSpans, TokenSpan
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,9 @@ class RenderedPrompt:
     text: str
     query_chars: CharSpan | None  # the last user message's text inside `text`
     opens_reasoning: bool  # the generation prompt ends inside a thinking block
+    control_end: int | None = None  # the control text is text[:control_end]
+    live_start: int | None = None  # the last message's text starts here
+    has_trajectory: bool = False  # messages follow the last user message
 
 
 @dataclass(slots=True)
@@ -43,6 +48,7 @@ class PromptTokens:
     query: TokenSpan | None
     text: str = ""
     opens_reasoning: bool = False
+    spans: PromptSpans | None = None  # every span; None: the query alone
 
 
 def render_prompt(
@@ -55,11 +61,52 @@ def render_prompt(
     """Render normalized messages with a generation prompt and locate the query text."""
     kwargs = template_kwargs or {}
     text = template.render(messages, add_generation_prompt=True, tools=tools, **kwargs)
+    index = last_user_index(messages)
     return RenderedPrompt(
         text=text,
         query_chars=_query_chars(template, messages, text, tools, kwargs),
         opens_reasoning=prompt_opens_reasoning(text, template.reasoning),
+        control_end=_control_end(template, messages, text, tools, kwargs),
+        live_start=_content_start(text, messages[-1]),
+        has_trajectory=index is not None and index < len(messages) - 1,
     )
+
+
+def _content_start(text: str, message: dict[str, Any]) -> int | None:
+    content = message.get("content")
+    if not isinstance(content, str) or not content:
+        return None
+    start = text.rfind(content)
+    return None if start == -1 else start
+
+
+def _control_end(
+    template: ChatTemplate,
+    messages: list[dict[str, Any]],
+    full: str,
+    tools: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
+) -> int | None:
+    """Where the control text ends: after the leading system messages as rendered, or,
+    without one, where the first message's text starts (a default system prompt and the
+    tool definitions come before it)."""
+    k = 0
+    while k < len(messages) and messages[k]["role"] == "system":
+        k += 1
+    if 0 < k < len(messages):
+        try:
+            head = template.render(messages[:k], add_generation_prompt=False, tools=tools, **kwargs)
+        except TemplateError:
+            head = ""
+        if head and full.startswith(head):
+            return len(head)
+    if k == len(messages):
+        return None
+    content = messages[k].get("content")
+    if not isinstance(content, str) or not content:
+        return None
+    start = full.find(content)
+    return start if start > 0 else None
 
 
 def _query_chars(
@@ -100,15 +147,28 @@ def tokenize_prompt(engine: ChatEngine, rendered: RenderedPrompt) -> PromptToken
         shift = len(info.bos_text)
     head = [info.bos_token_id] if info.add_bos else []
     body = engine.tokenize(text, add_special=False, parse_special=True)
+    n = len(head) + len(body)
+
+    def token_at(char: int | None) -> int | None:
+        """The token index where text position `char` (of the rendered text) falls."""
+        if char is None or not 0 <= char - shift <= len(text):
+            return None
+        return _agreeing_prefix(engine, text[: char - shift], body) + len(head)
+
     query = None
     if rendered.query_chars is not None:
-        start, end = rendered.query_chars.start - shift, rendered.query_chars.end - shift
-        if 0 <= start < end <= len(text):
-            t0 = _agreeing_prefix(engine, text[:start], body)
-            t1 = _agreeing_prefix(engine, text[:end], body)
-            if t1 > t0:
-                query = TokenSpan(t0 + len(head), t1 + len(head))
-    return PromptTokens(head + body, query, rendered.text, rendered.opens_reasoning)
+        t0, t1 = token_at(rendered.query_chars.start), token_at(rendered.query_chars.end)
+        if t0 is not None and t1 is not None and t1 > t0:
+            query = TokenSpan(t0, t1)
+    control_end = token_at(rendered.control_end)
+    live = token_at(rendered.live_start)
+    spans = PromptSpans(
+        control=TokenSpan(0, control_end) if control_end else None,
+        query=query,
+        trajectory=TokenSpan(query.end, n) if query and rendered.has_trajectory else None,
+        live=TokenSpan(live, n) if live is not None and live < n else None,
+    )
+    return PromptTokens(head + body, query, rendered.text, rendered.opens_reasoning, spans)
 
 
 def _agreeing_prefix(engine: ChatEngine, prefix_text: str, tokens: list[int]) -> int:

@@ -163,7 +163,7 @@ def run_turn(engine: ChatEngine, req: TurnRequest) -> Iterator[TurnEvent]:
         ended: _SegmentEnd | None = None
         gen = engine.generate(
             history,
-            query=req.prompt.query,
+            query=req.prompt.spans or req.prompt.query,
             sampling=req.sampling,
             max_tokens=remaining,
             grammar=grammar,

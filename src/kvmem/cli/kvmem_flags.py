@@ -16,7 +16,7 @@ from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import KV_TYPE_NAMES
 from kvmem.memory.layout import PositionMode
 from kvmem.memory.planner import RetrievalMethod
-from kvmem.memory.scorer import ScoreMode
+from kvmem.memory.scorer import ScoreAggregate, ScoreMode
 
 _DEFAULTS = KVMemConfig()
 
@@ -143,6 +143,13 @@ def add_kvmem_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _choice_flag(
         group,
+        "--kvmem-score-aggregate",
+        _DEFAULTS.score_aggregate,
+        "per-block score from the query rows' attention over blocks: mean (over tokens and "
+        "heads) or max (the largest share any row gives the block)",
+    )
+    _choice_flag(
+        group,
         "--kvmem-positions",
         _DEFAULTS.positions,
         "where retrieved blocks sit in the window: gather (right before the recent "
@@ -158,7 +165,9 @@ def add_kvmem_arguments(parser: argparse.ArgumentParser) -> None:
         group,
         "--kvmem-query-policy",
         _DEFAULTS.query_policy,
-        "retrieval query: last user message or prompt tail",
+        "retrieval query: agent (the last user message and the live trajectory's tail), "
+        "user (the last user message) or tail (the prompt's tail); without a user message "
+        "the query is the prompt's tail",
     )
     group.add_argument(
         "--kvmem-query-max-tokens",
@@ -167,6 +176,18 @@ def add_kvmem_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"last N tokens of the query used (default: {_DEFAULTS.query_max_tokens})",
     )
+    for name, what, default in (
+        ("control", "control-text tier (system prompt, tool definitions)", "budget/4"),
+        ("trajectory", "live-trajectory tier (tool calls and results after the task)", "budget/4"),
+        ("stream", "newest tokens a prefill chunk sees besides sink and control", "budget/2"),
+    ):
+        group.add_argument(
+            f"--kvmem-{name}-tokens",
+            type=strict_int,
+            default=-1,
+            metavar="N",
+            help=f"bound of the {what} (default: -1 = {default})",
+        )
     group.add_argument(
         "--kvmem-score-layers",
         type=_layer_list,
@@ -225,8 +246,12 @@ def kvmem_config_from_args(ns: argparse.Namespace, trace_env: bool = False) -> K
         query_replay=QueryReplay(ns.kvmem_query_replay),
         query_policy=QueryPolicy(ns.kvmem_query_policy),
         query_max_tokens=ns.kvmem_query_max_tokens,
+        control_tokens=ns.kvmem_control_tokens,
+        trajectory_tokens=ns.kvmem_trajectory_tokens,
+        stream_tokens=ns.kvmem_stream_tokens,
         score_layers=ns.kvmem_score_layers,
         score_mode=ScoreMode(ns.kvmem_score_mode),
+        score_aggregate=ScoreAggregate(ns.kvmem_score_aggregate),
         positions=PositionMode(ns.kvmem_positions),
         trace=trace,
     )

@@ -1,11 +1,12 @@
 """The llama.cpp adapter: the only package that imports llama_cpp."""
 
+from kvmem.memory.spans import PromptSpans, TokenSpan
+
 from .engine import Engine, EngineSettings
 from .model import ModelInfo, default_model_path, resolve_model_path
 from .sampler import SamplingParams
 from .session import KVMemSession
 from .trace import EngineStats, FinishReason, TurnStats
-from .window import TokenSpan
 
 __all__ = [
     "Engine",
@@ -14,6 +15,7 @@ __all__ = [
     "FinishReason",
     "KVMemSession",
     "ModelInfo",
+    "PromptSpans",
     "SamplingParams",
     "TokenSpan",
     "TurnStats",

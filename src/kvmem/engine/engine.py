@@ -19,6 +19,7 @@ from kvmem.errors import ConfigError
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.rope import k_rotation_size
+from kvmem.memory.spans import PromptSpans
 
 from .background_index import BackgroundIndex
 from .context import ContextSettings, LlamaContext
@@ -169,7 +170,7 @@ class Engine:
         self,
         prompt: Sequence[int],
         *,
-        query: TokenSpan | None = None,
+        query: PromptSpans | TokenSpan | None = None,
         sampling: SamplingParams | None = None,
         max_tokens: int = -1,
         grammar: str | None = None,
@@ -195,12 +196,20 @@ class Engine:
             self._account(self.session.last_turn)
 
     def teacher_force(
-        self, prompt: Sequence[int], continuation: Sequence[int], *, query: TokenSpan | None = None
+        self,
+        prompt: Sequence[int],
+        continuation: Sequence[int],
+        *,
+        query: PromptSpans | TokenSpan | None = None,
     ) -> np.ndarray:
         try:
             return self.session.teacher_force(prompt, continuation, query=query)
         finally:
             self._account(self.session.last_turn)
+
+    def window_tiers(self) -> dict[str, list[int]]:
+        """The blocks each tier of the last window plan holds."""
+        return self.session.window.resident_tiers()
 
     @property
     def last_turn(self) -> TurnStats:

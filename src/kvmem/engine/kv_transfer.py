@@ -1,8 +1,9 @@
 """Moving blocks between the llama.cpp context and the host store (data movement only).
 
-Policy (which blocks move) lives in kvmem.memory.planner and the session; this
-module only performs the moves, batching every call: one state read for all the
-blocks harvested together, one state write for all the blocks restored together.
+Policy (which blocks move) lives in kvmem.memory.planner and the window; this module
+only performs the moves, batching every call: one state read for all the blocks
+harvested together, one state write for all the blocks restored together. It never
+writes residency: the window (the one owner of where blocks are) records what it did.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class TransferResult:
     blocks: int
     bytes: int
     ms: float
+    block_ids: tuple[int, ...] = ()
 
 
 def block_runs(block_ids: Sequence[int]) -> list[range]:
@@ -45,8 +47,8 @@ def block_runs(block_ids: Sequence[int]) -> list[range]:
 class KVTransfer:
     """Harvest, restore, move and evict blocks of the main sequence.
 
-    A GPU block's cells sit at its own positions unless a move put them elsewhere;
-    `moved` records those blocks (block id -> first position in the context).
+    Callers say where a block's cells are (`starts`: block id -> first position) when
+    they are not at the block's own positions.
     """
 
     def __init__(
@@ -61,15 +63,6 @@ class KVTransfer:
         self.store = store
         self.index = index
         self.layout: StateLayout | None = None
-        self.moved: dict[int, int] = {}
-
-    def start(self, block_id: int) -> int:
-        """First context position of a GPU block's cells."""
-        return self.moved.get(block_id, block_id * self.table.block_tokens)
-
-    def forget(self) -> None:
-        """The context was cleared: no block is anywhere."""
-        self.moved.clear()
 
     def harvest(self, block_ids: Sequence[int]) -> TransferResult:
         """Copy complete, GPU-resident blocks to the host store (replacing older copies)."""
@@ -95,8 +88,8 @@ class KVTransfer:
             n_bytes += block.nbytes
         if self.index is not None:
             self.index.add_blocks([BlockKeys(b.block_id, b.positions, b.k) for b in blocks])
-        self.table.mark_in_host([b.block_id for b in blocks])
-        return TransferResult(len(blocks), n_bytes, (time.perf_counter() - t0) * 1e3)
+        ids = tuple(b.block_id for b in blocks)
+        return TransferResult(len(blocks), n_bytes, (time.perf_counter() - t0) * 1e3, ids)
 
     def restore(
         self, block_ids: Sequence[int], starts: Mapping[int, int] | None = None
@@ -116,43 +109,30 @@ class KVTransfer:
         self._shift(RESTORE_SEQ, move_order(own, target, bt))
         self.ctx.seq_cp(RESTORE_SEQ, MAIN_SEQ, -1, -1)
         self.ctx.seq_rm(RESTORE_SEQ, -1, -1)
-        self._record(target)
-        self.table.mark_on_gpu([b.block_id for b in blocks])
         n_bytes = sum(b.nbytes for b in blocks)
         self.store.stats.bytes_out += n_bytes
-        return TransferResult(len(blocks), n_bytes, (time.perf_counter() - t0) * 1e3)
+        ids = tuple(b.block_id for b in blocks)
+        return TransferResult(len(blocks), n_bytes, (time.perf_counter() - t0) * 1e3, ids)
 
-    def evict(self, block_ids: Sequence[int]) -> int:
-        """Drop host-backed blocks from the context; returns the cells freed."""
+    def evict(self, starts: Mapping[int, int]) -> int:
+        """Drop host-backed blocks (block id -> first position of its cells) from the
+        context; returns the cells freed."""
         bt = self.table.block_tokens
-        for b in block_ids:
-            if not self.table.is_in_host(b):
+        for b in starts:
+            if b not in self.store:
                 raise KVTransferError(f"block {b} would be lost: it is not in the host store")
         # every start is a multiple of the block size: remove contiguous cells together
-        for run in block_runs([self.start(b) // bt for b in block_ids]):
+        for run in block_runs([p // bt for p in starts.values()]):
             self.ctx.seq_rm(MAIN_SEQ, run.start * bt, run.stop * bt)
-        for b in block_ids:
-            self.moved.pop(b, None)
-        self.table.mark_off_gpu(list(block_ids))
-        return len(block_ids) * bt
+        return len(starts) * bt
 
-    def move(self, target: Mapping[int, int]) -> int:
-        """Shift GPU blocks so that each block b starts at target[b]; returns blocks moved."""
-        current = {b: self.start(b) for b in target}
-        moves = move_order(current, target, self.table.block_tokens)
+    def move(self, current: Mapping[int, int], target: Mapping[int, int]) -> int:
+        """Shift GPU blocks from current[b] to target[b]; returns the blocks moved."""
+        moves = move_order(current, {b: target[b] for b in current}, self.table.block_tokens)
         self._shift(MAIN_SEQ, moves)
-        self._record(target)
         return len(moves)
 
     def _shift(self, seq: int, moves: Sequence[BlockMove]) -> None:
         bt = self.table.block_tokens
         for m in moves:
             self.ctx.seq_add(seq, m.src, m.src + bt, m.delta)
-
-    def _record(self, starts: Mapping[int, int]) -> None:
-        bt = self.table.block_tokens
-        for b, p in starts.items():
-            if p == b * bt:
-                self.moved.pop(b, None)
-            else:
-                self.moved[b] = p

@@ -1,15 +1,18 @@
 """KVMemSession: one conversation on a llama.cpp context with a bounded KV window.
 
-The life of a turn: reuse the longest common prefix with the history (truncating after
-a divergence), prefill the new suffix in chunks (harvesting completed blocks to the
-host and evicting under pressure, capturing the query vectors), reselect the window
-for the query, replay the query if the window changed, then generate with the reserve
-(spilling this generation's oldest complete block when the reserve is full).
+A turn: reuse the longest common prefix with the history (never past the frontier, the
+first token whose KV saw a window a fresh server would not have built), prefill the new
+suffix in block-aligned chunks that each see the stream window of their position
+(capturing the query vectors), plan the window for the query by tiers and apply it,
+replay the live tail if its window changed, then generate with the reserve (spilling
+this generation's oldest complete block when the reserve is full). The KV of every
+block, and so every greedy answer, is a function of the request's tokens alone.
 With KVMem disabled the same loop runs on a full-size context with nothing moved.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -18,20 +21,23 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from kvmem.config import KVMemConfig, QueryPolicy
-from kvmem.errors import ContextLengthExceededError, InvalidRequestError
+from kvmem.errors import ContextLengthExceededError, InvalidRequestError, TurnCancelledError
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.host_store import HostStore
 from kvmem.memory.retrieval_index import RetrievalIndex
 from kvmem.memory.scorer import QueryVectors
+from kvmem.memory.spans import PromptSpans, TokenSpan
 
 from .context import LlamaContext
 from .kv_transfer import KVTransfer
 from .query_capture import QueryCapture
 from .sampler import Sampler, SamplingParams
-from .trace import FinishReason, Tracer, TurnStats
-from .window import GpuWindow, TokenSpan
+from .trace import FinishReason, TraceKind, Tracer, TurnStats
+from .window import GpuWindow
 
 logger = logging.getLogger(__name__)
+
+_QUERY_CACHE = 8  # query spans whose vectors are kept for later turns
 
 
 class KVMemSession:
@@ -57,12 +63,22 @@ class KVMemSession:
         capacity = min(config.gpu_cells, ctx.n_cells) if config.enabled else ctx.n_cells
         self.transfer = KVTransfer(ctx, self.table, self.store, index)
         self.window = GpuWindow(ctx, self.table, self.transfer, index, config, capacity, tracer)
-        protected = (config.sink_blocks + config.recent_blocks + 1) * config.block_tokens
-        room = capacity - protected if config.enabled else capacity
-        self.chunk_tokens = max(1, min(ctx.n_batch, room))
+        self.chunk_tokens = self._chunk_size(capacity)
         self.last_query: QueryVectors | None = None
-        self._query_key: tuple[int, tuple[int, ...]] | None = None
+        self._queries: collections.OrderedDict[tuple, QueryVectors] = collections.OrderedDict()
+        self.frontier: int | None = None  # first position whose KV saw a chosen window
+        self.force_spans: tuple[TokenSpan, ...] = ()  # oracle: spans every plan must hold
         self.last_turn = TurnStats()
+        self._cancel: threading.Event | None = None
+
+    def _chunk_size(self, capacity: int) -> int:
+        """Prefill chunk: a multiple of the block size that leaves room for the window."""
+        if not self.config.enabled:
+            return max(1, min(self.ctx.n_batch, capacity))
+        bt = self.config.block_tokens
+        protected = (self.config.sink_blocks + self.config.recent_blocks + 1) * bt
+        size = min(self.ctx.n_batch, capacity - protected)
+        return max(bt, size - size % bt)
 
     @property
     def capacity(self) -> int:
@@ -78,20 +94,20 @@ class KVMemSession:
 
     def reset(self) -> None:
         self.ctx.clear()
-        self.transfer.forget()
+        self.window.reset()
         self.table.truncate(0)
         self.store.drop(self.store.block_ids())
         if self.index is not None:
             self.index.remove(self.index.block_ids())
-        self.window.last_plan = None
-        self.last_query, self._query_key = None, None
+        self.last_query, self.frontier = None, None
+        self._queries.clear()
 
     # turns -----------------------------------------------------------------------------
     def generate(
         self,
         prompt: Sequence[int],
         *,
-        query: TokenSpan | None,
+        query: PromptSpans | TokenSpan | None,
         sampling: SamplingParams,
         max_tokens: int = -1,
         grammar: str | None = None,
@@ -103,8 +119,9 @@ class KVMemSession:
         sampler = Sampler(self.ctx.model.vocab, sampling, grammar, banned_tokens)
         finish = FinishReason.STOP
         t0: float | None = None  # decode time also counts when the consumer closes us early
+        self._cancel = cancel
         try:
-            self._prefill(prompt, query, stats)
+            self._prefill(prompt, PromptSpans.of(query), stats)
             gen_start = self.table.n_tokens
             t0 = time.perf_counter()
             while True:
@@ -123,30 +140,37 @@ class KVMemSession:
                 if stats.generated_tokens == max_tokens or self.table.n_tokens + 1 >= self.n_ctx:
                     finish = FinishReason.LENGTH
                     break
-                self._decode([token], stats, want_all_logits=False, gen_start=gen_start)
+                self._decode([token], stats, gen_start=gen_start)
+        except TurnCancelledError:
+            finish = FinishReason.CANCELLED
         finally:
+            self._cancel = None
             sampler.close()
+            self._spill_frontier(stats, len(prompt))
             stats.decode_ms = 0.0 if t0 is None else (time.perf_counter() - t0) * 1e3
             self._end_turn(stats, finish)
 
     def teacher_force(
-        self, prompt: Sequence[int], continuation: Sequence[int], *, query: TokenSpan | None
+        self,
+        prompt: Sequence[int],
+        continuation: Sequence[int],
+        *,
+        query: PromptSpans | TokenSpan | None,
     ) -> np.ndarray:
         """Logits predicting each continuation token: float32 [len(continuation), n_vocab]."""
         stats = self._start_turn(prompt)
         try:
-            self._prefill(prompt, query, stats)
+            self._prefill(prompt, PromptSpans.of(query), stats)
             rows = [self.ctx.logits(-1)]
             if len(continuation) > 1:
+                gen_start = self.table.n_tokens
                 rows += self._decode(
-                    list(continuation[:-1]),
-                    stats,
-                    want_all_logits=True,
-                    gen_start=self.table.n_tokens,
+                    list(continuation[:-1]), stats, want_all_logits=True, gen_start=gen_start
                 )
             stats.generated_tokens = len(continuation)
             return np.stack(rows[: len(continuation)]).astype(np.float32)  # [n_cont, n_vocab]
         finally:
+            self._spill_frontier(stats, len(prompt))
             self._end_turn(stats, FinishReason.STOP)
 
     # internals -------------------------------------------------------------------------
@@ -161,7 +185,7 @@ class KVMemSession:
         stats.finish_reason = finish.value
         self.last_turn = stats
         self.tracer.emit(
-            "GEN",
+            TraceKind.GEN,
             tokens=stats.generated_tokens,
             ms=stats.decode_ms,
             spilled=stats.spilled_blocks,
@@ -170,26 +194,30 @@ class KVMemSession:
             host_blocks=len(self.store),
         )
 
-    def _prefill(self, prompt: Sequence[int], query: TokenSpan | None, stats: TurnStats) -> None:
+    def _prefill(self, prompt: Sequence[int], given: PromptSpans, stats: TurnStats) -> None:
         t0 = time.perf_counter()
-        reused = min(self.table.common_prefix(prompt), len(prompt) - 1)
+        n = len(prompt)
+        common = min(self.table.common_prefix(prompt), n - 1)
+        reused = common if self.frontier is None else min(common, self.frontier)
         if reused < self.table.n_tokens:
             self._truncate(reused, stats)
+        self.frontier = None
         stats.cached_tokens = reused
-        span = self._clip_query(query, len(prompt))
+        stats.reprocessed_tokens = common - reused
+        spans = self._resolve_spans(given, n)
+        wanted = self._capture_spans(spans, n)
         suffix = list(prompt[reused:])
         stats.prefill_tokens = len(suffix)
-        captured = self._decode(suffix, stats, want_all_logits=False, capture=span)
-        qvec = self._query_vectors(span, captured, prompt)
+        captured = self._decode(suffix, stats, capture=wanted, spans=spans)
+        qvec = self._query_vectors(wanted, captured, prompt)
         if self.config.enabled:
-            res = self.window.reselect(qvec, None if span is None else span.start, stats)
-            if res.replay_from is not None:
-                self._replay(res.replay_from, stats)
+            self._reselect(spans, qvec, n, stats)
         stats.prefill_ms = (time.perf_counter() - t0) * 1e3
         self.tracer.emit(
-            "PREFILL",
-            tokens=len(prompt),
+            TraceKind.PREFILL,
+            tokens=n,
             reused=reused,
+            reprocessed=stats.reprocessed_tokens,
             new=len(suffix),
             replayed=stats.replayed_tokens,
             stage_in=stats.stage_in_blocks,
@@ -199,30 +227,68 @@ class KVMemSession:
             ms=stats.prefill_ms,
         )
 
-    def _clip_query(self, query: TokenSpan | None, n_prompt: int) -> TokenSpan | None:
-        """The query span by `--kvmem-query-policy`: the caller's span (the last user
-        message) or the prompt's tail; at most `--kvmem-query-max-tokens` of its end."""
-        if self.config.query_policy is QueryPolicy.TAIL:
-            query = TokenSpan(0, n_prompt)
-        if query is None or query.length == 0 or query.end > n_prompt:
-            return None
-        start = max(query.start, query.end - self.config.query_max_tokens)
-        return TokenSpan(start, query.end)
+    def _reselect(
+        self, spans: PromptSpans, qvec: QueryVectors | None, n: int, stats: TurnStats
+    ) -> None:
+        bt = self.table.block_tokens
+        forced = sorted({b for s in self.force_spans for b in s.blocks(bt)})
+        res = self.window.plan(spans, qvec, n, forced)
+        self.window.apply(res, stats)
+        if res.replay_from is not None:
+            self._replay(res.replay_from, stats)
+            self.frontier = res.replay_from
+        elif not res.plan.fits:
+            self.frontier = n  # what is generated now sees the chosen window
+
+    def _spill_frontier(self, stats: TurnStats, n_prompt: int) -> None:
+        """Generated tokens that saw blocks leave (spill, eviction) are recomputed next turn."""
+        if self.frontier is None and (stats.spilled_blocks or stats.evicted_blocks):
+            self.frontier = min(n_prompt, self.table.n_tokens)
+
+    def _resolve_spans(self, given: PromptSpans, n: int) -> PromptSpans:
+        """The spans by `--kvmem-query-policy`: `tail` scores the prompt's tail; `user` and
+        `agent` the task (and `agent` the trajectory's tail too); with no user message the
+        query is the prompt's own tail."""
+        spans = given.clipped(n)
+        tail = TokenSpan(max(0, n - self.config.query_max_tokens), n)
+        if self.config.query_policy is QueryPolicy.TAIL or spans.query is None:
+            return PromptSpans(spans.control, tail, spans.trajectory, spans.live or tail)
+        return spans
+
+    def _capture_spans(self, spans: PromptSpans, n: int) -> tuple[TokenSpan, ...]:
+        """The token spans whose query vectors score the blocks."""
+        if self.capture is None or spans.query is None:
+            return ()
+        q = self.config.query_max_tokens
+        out = [spans.query.last(q)]
+        if self.config.query_policy is QueryPolicy.AGENT and spans.trajectory is not None:
+            traj = spans.trajectory.last(q)
+            if traj.length and traj != out[0]:
+                out.append(traj)
+        return tuple(out)
 
     def _query_vectors(
-        self, span: TokenSpan | None, captured: dict[int, np.ndarray], prompt: Sequence[int]
+        self,
+        wanted: tuple[TokenSpan, ...],
+        captured: dict[TokenSpan, dict[int, np.ndarray]],
+        prompt: Sequence[int],
     ) -> QueryVectors | None:
-        if span is None or self.capture is None:
-            return None
-        key = (span.start, tuple(prompt[span.start : span.end]))
-        if captured and all(len(rows) == span.length for rows in captured.values()):
-            self.last_query = QueryVectors(
-                positions=np.arange(span.start, span.end, dtype=np.int64), by_layer=captured
-            )
-            self._query_key = key
-        elif key != self._query_key:
-            logger.info("query span [%d, %d) was not processed this turn", span.start, span.end)
-            return None
+        """Vectors of every wanted span: captured this turn, or kept from the turn that
+        processed it (the same tokens at the same positions)."""
+        parts: list[QueryVectors] = []
+        for span in wanted:
+            key = (span.start, tuple(prompt[span.start : span.end]))
+            rows = captured.get(span, {})
+            if rows and all(len(r) == span.length for r in rows.values()):
+                positions = np.arange(span.start, span.end, dtype=np.int64)  # [n_tokens]
+                self._queries[key] = QueryVectors(positions=positions, by_layer=rows)
+                del_oldest(self._queries, _QUERY_CACHE)
+            if key in self._queries:
+                self._queries.move_to_end(key)
+                parts.append(self._queries[key])
+            else:
+                logger.info("query span [%d, %d) has no vectors this turn", span.start, span.end)
+        self.last_query = join_queries(parts)
         return self.last_query
 
     def _decode(
@@ -230,72 +296,89 @@ class KVMemSession:
         tokens: list[int],
         stats: TurnStats,
         *,
-        want_all_logits: bool,
-        capture: TokenSpan | None = None,
+        want_all_logits: bool = False,
+        capture: tuple[TokenSpan, ...] = (),
+        spans: PromptSpans | None = None,
         gen_start: int | None = None,
-    ) -> list[np.ndarray] | dict[int, np.ndarray]:
-        """Decode tokens after the history in chunks; logits of the last (or every) token."""
+    ) -> list[np.ndarray] | dict[TokenSpan, dict[int, np.ndarray]]:
+        """Decode tokens after the history: as prefill (`spans` given: block-aligned chunks
+        that see the stream window) or after the window was chosen (replay, generation)."""
         rows: list[np.ndarray] = []
-        captured: dict[int, list[np.ndarray]] = {}
-        for c0 in range(0, len(tokens), self.chunk_tokens):
-            chunk = tokens[c0 : c0 + self.chunk_tokens]
+        captured: dict[TokenSpan, dict[int, list[np.ndarray]]] = {}
+        c0 = 0
+        while c0 < len(tokens):
             pos = self.table.n_tokens
-            if self.config.enabled:
-                self.window.ensure_room(len(chunk), stats, gen_start)
-            arm = (
-                self.capture is not None
-                and capture is not None
-                and (pos < capture.end and pos + len(chunk) > capture.start)
+            size = (
+                self.chunk_tokens - pos % self.chunk_tokens
+                if spans is not None
+                else self.chunk_tokens
             )
-            if arm:
-                self.capture.arm()
-            try:
-                last = c0 + len(chunk) == len(tokens)
-                flags = [want_all_logits] * len(chunk)
-                flags[-1] = flags[-1] or last
-                self.ctx.decode(chunk, pos, flags)
-            finally:
-                got = self.capture.disarm() if arm else {}
-            for layer, data in got.items():
-                lo, hi = max(capture.start, pos) - pos, min(capture.end, pos + len(chunk)) - pos
-                captured.setdefault(layer, []).append(data[lo:hi])
+            chunk = tokens[c0 : c0 + size]
+            if self._cancel is not None and self._cancel.is_set():
+                raise TurnCancelledError("the request was cancelled")
+            if self.config.enabled and spans is not None:
+                self.window.stream_to(pos, spans, self.capacity - self.chunk_tokens, stats)
+            elif self.config.enabled:
+                self.window.ensure_room(len(chunk), stats, gen_start)
+            self.window.note_decode()
+            live = [s for s in capture if pos < s.end and pos + len(chunk) > s.start]
+            last = c0 + len(chunk) == len(tokens)
+            got = self._decode_chunk(chunk, pos, want_all_logits, last, bool(live))
+            for span in live:
+                lo, hi = max(span.start, pos) - pos, min(span.end, pos + len(chunk)) - pos
+                for layer, data in got.items():
+                    captured.setdefault(span, {}).setdefault(layer, []).append(data[lo:hi])
             if want_all_logits:
                 rows += [self.ctx.logits(i) for i in range(len(chunk))]
-            self._append(chunk, stats)
-        if capture is not None:
-            return {k: np.concatenate(v) for k, v in captured.items()}
+            self.window.append(chunk, stats)
+            c0 += len(chunk)
+        if spans is not None:
+            return {s: {k: np.concatenate(v) for k, v in d.items()} for s, d in captured.items()}
         return rows
 
-    def _append(self, tokens: Sequence[int], stats: TurnStats) -> None:
-        done = self.table.append(tokens)
-        self.table.mark_on_gpu(done)
-        if self.config.enabled and done:
-            res = self.transfer.harvest(done)
-            stats.stage_out_blocks += res.blocks
-            stats.stage_out_bytes += res.bytes
-            stats.harvest_ms += res.ms
-        self.window.note_peak()
+    def _decode_chunk(
+        self, chunk: list[int], pos: int, want_all: bool, last: bool, arm: bool
+    ) -> dict[int, np.ndarray]:
+        arm = arm and self.capture is not None
+        if arm:
+            self.capture.arm()
+        try:
+            flags = [want_all] * len(chunk)
+            flags[-1] = flags[-1] or last
+            self.ctx.decode(chunk, pos, flags)
+        finally:
+            got = self.capture.disarm() if arm else {}
+        return got
 
     def _replay(self, start: int, stats: TurnStats) -> None:
+        """Re-decode the live tail from `start` against the window just applied."""
         t0 = time.perf_counter()
         tokens = list(self.table.tokens[start:])
-        self.window.drop_from(start)
-        self.table.truncate(start)
-        self._decode(tokens, stats, want_all_logits=False)
+        self.window.truncate(start, stats, keep_window=True)
+        self._decode(tokens, stats)
         stats.replayed_tokens += len(tokens)
         stats.replay_ms += (time.perf_counter() - t0) * 1e3
 
     def _truncate(self, n_keep: int, stats: TurnStats) -> None:
-        """Forget history from `n_keep` on (a divergence); the token before stays on the GPU."""
+        """Forget history from `n_keep` on (a divergence, or the frontier)."""
         stats.truncated_tokens += self.table.n_tokens - n_keep
-        self.window.drop_from(n_keep)
-        if n_keep > 0:
-            self.window.ensure_block_on_gpu((n_keep - 1) // self.table.block_tokens, stats)
-            self.window.drop_from(n_keep)
-        result = self.table.truncate(n_keep)
-        self.store.drop(result.dropped_blocks)
-        if self.index is not None:
-            self.index.remove(result.dropped_blocks)
-        if self.last_plan is not None and self.window.last_plan is not None:
-            self.window.last_plan = None
-        self.tracer.emit("TRUNCATE", keep=n_keep, dropped_blocks=result.dropped_blocks)
+        dropped = self.window.truncate(n_keep, stats, keep_window=False)
+        self.tracer.emit(TraceKind.TRUNCATE, keep=n_keep, dropped_blocks=dropped)
+
+
+def del_oldest(cache: collections.OrderedDict, size: int) -> None:
+    while len(cache) > size:
+        cache.popitem(last=False)
+
+
+def join_queries(parts: Sequence[QueryVectors]) -> QueryVectors | None:
+    """One query of several spans' vectors (the layers every part has)."""
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    layers = set.intersection(*(set(p.by_layer) for p in parts))
+    return QueryVectors(
+        positions=np.concatenate([p.positions for p in parts]),  # [n_tokens]
+        by_layer={k: np.concatenate([p.by_layer[k] for p in parts]) for k in sorted(layers)},
+    )

@@ -11,6 +11,19 @@ from typing import TextIO
 logger = logging.getLogger(__name__)
 
 
+class TraceKind(Enum):
+    """The kinds of KVMEM_* trace record."""
+
+    PREFILL = "PREFILL"  # a turn's prefill: reused, new, replayed tokens and block moves
+    STREAM = "STREAM"  # a prefill chunk's window changed: blocks evicted and staged in
+    EVICT = "EVICT"  # blocks evicted to make room outside prefill
+    SPILL = "SPILL"  # the generation's oldest blocks moved to the host (ring spill)
+    RESELECT = "RESELECT"  # the window chosen for a query, by tier
+    TIER_DROP = "TIER_DROP"  # a pinned tier's blocks past its bound or the budget
+    TRUNCATE = "TRUNCATE"  # history forgotten after a divergence
+    GEN = "GEN"  # a turn's generation
+
+
 class FinishReason(Enum):
     STOP = "stop"  # an end-of-generation token
     LENGTH = "length"  # max_tokens or the logical context
@@ -23,6 +36,7 @@ class TurnStats:
 
     prompt_tokens: int = 0
     cached_tokens: int = 0  # reused prefix of the session history
+    reprocessed_tokens: int = 0  # history tokens recomputed: their KV saw a chosen window
     prefill_tokens: int = 0  # new input processed for the first time
     prefill_ms: float = 0.0  # all prefill time: chunks, harvest, reselection, replay
     generated_tokens: int = 0
@@ -50,6 +64,7 @@ class EngineStats:
     turns: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    reprocessed_tokens: int = 0
     prefill_tokens: int = 0
     prefill_ms: float = 0.0
     generated_tokens: int = 0
@@ -83,11 +98,11 @@ class Tracer:
         self.stream = stream
         self.records: list[str] = []
 
-    def emit(self, kind: str, **values: object) -> None:
+    def emit(self, kind: TraceKind, **values: object) -> None:
         if not self.enabled:
             return
         parts = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
-        line = f"KVMEM_{kind} {parts}"
+        line = f"KVMEM_{kind.value} {parts}"
         self.records.append(line)
         del self.records[:-1000]
         print(line, file=self.stream or sys.stderr, flush=True)

@@ -1,7 +1,14 @@
-"""The GPU working set of one session: room for new tokens, reselection, replay, truncation.
+"""The GPU working set of one session: the one owner of where every block is.
 
-Invariant: every complete block is either on the GPU or in the host store (blocks are
-harvested as soon as they complete), and the open (partial) tail block is on the GPU.
+Only this class writes residency (GPU, host store) and cell positions. Reselection is
+split in two: `plan` (pure: scores the candidates, plans the tiers, lays the window out,
+decides the replay) and `apply` (evicts, moves and restores exactly what the plan says).
+Prefill chunks see `stream_window`, a function of their position alone, so the KV of
+every block depends on the request's tokens only, never on what the server saw before.
+
+Invariant: every complete block is on the GPU or in the host store (blocks are harvested
+as soon as they complete), and the open (partial) tail block is on the GPU. A block is
+moved (shifted away from its own positions) at most once between two restores.
 """
 
 from __future__ import annotations
@@ -9,55 +16,58 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvmem.config import KVMemConfig, QueryReplay
 from kvmem.errors import KVTransferError
 from kvmem.memory.block_table import BlockTable
-from kvmem.memory.layout import PositionMode, window_layout
+from kvmem.memory.layout import PositionMode, tail_run_start, window_layout
 from kvmem.memory.planner import (
     PlannerConfig,
     RetrievalMethod,
+    Tier,
     WindowPlan,
-    plan_eviction,
+    WindowRequest,
     plan_window,
-    scored_candidates,
+    ranked_candidates,
+    stream_window,
 )
 from kvmem.memory.retrieval_index import RetrievalIndex
 from kvmem.memory.scorer import QueryVectors, score_blocks
+from kvmem.memory.spans import PromptSpans, TokenSpan
 
 from .context import MAIN_SEQ, LlamaContext
 from .kv_transfer import KVTransfer
-from .trace import Tracer, TurnStats
+from .trace import TraceKind, Tracer, TurnStats
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, slots=True)
-class TokenSpan:
-    """A half-open token range [start, end) of a prompt."""
-
-    start: int
-    end: int
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.start <= self.end:
-            raise ValueError(f"invalid token span [{self.start}, {self.end})")
-
-    @property
-    def length(self) -> int:
-        return self.end - self.start
+__all__ = ["Applied", "GpuWindow", "Reselection", "TokenSpan"]
 
 
 @dataclass(frozen=True, slots=True)
 class Reselection:
-    plan: WindowPlan | None
+    """A plan for one query: the tiers, where each block sits, and the replay."""
+
+    plan: WindowPlan
+    starts: dict[int, int]  # block id -> first position, for every selected block
     replay_from: int | None  # position to re-decode from, None = no replay
+    score_ms: float
+
+
+@dataclass(slots=True)
+class Applied:
+    """What applying a plan did."""
+
+    stage_in: int = 0
+    bytes_in: int = 0
+    evicted: int = 0
+    moved: int = 0
+    restore_ms: float = 0.0
 
 
 class GpuWindow:
-    """Keeps the context's cells within capacity and applies window plans."""
-
     def __init__(
         self,
         ctx: LlamaContext,
@@ -77,12 +87,18 @@ class GpuWindow:
         self.tracer = tracer
         self.last_plan: WindowPlan | None = None
         self.peak_cells = 0
+        self.moved: dict[int, int] = {}  # GPU block -> first position, when not its own
+        self._seen: dict[int, int] = {}  # complete block -> start, as the last decode saw them
         self.positions = config.positions
         if self.positions is not PositionMode.ORIGINAL and not ctx.can_shift:
             logger.warning("this model's cache cannot shift positions: blocks stay in place")
             self.positions = PositionMode.ORIGINAL
 
     # accounting ------------------------------------------------------------------------
+    def start(self, block_id: int) -> int:
+        """First context position of a GPU block's cells."""
+        return self.moved.get(block_id, block_id * self.table.block_tokens)
+
     def cells_used(self) -> int:
         t = self.table
         open_tokens = t.n_tokens - t.n_complete_blocks * t.block_tokens
@@ -91,37 +107,100 @@ class GpuWindow:
     def note_peak(self) -> None:
         self.peak_cells = max(self.peak_cells, self.cells_used())
 
+    def note_decode(self) -> None:
+        """Remember the window the next decoded tokens see (for the replay decision)."""
+        done = self.table.n_complete_blocks
+        self._seen = {b: self.start(b) for b in self.table.gpu_blocks() if b < done}
+
     def planner_config(self, method: RetrievalMethod | None = None) -> PlannerConfig:
         c = self.config
+        bounds = c.tier_tokens()
         return PlannerConfig(
             block_tokens=c.block_tokens,
             budget_tokens=c.budget,
             sink_blocks=c.sink_blocks,
             recent_blocks=c.recent_blocks,
             method=method or c.method,
+            control_tokens=bounds["control"],
+            query_tokens=bounds["query"],
+            trajectory_tokens=bounds["trajectory"],
+            stream_tokens=bounds["stream"],
         )
 
-    # room ------------------------------------------------------------------------------
+    # residency writes ------------------------------------------------------------------
+    def append(self, tokens: Sequence[int], stats: TurnStats) -> None:
+        """Tokens were decoded at the end of the history: record them, harvest the blocks
+        they completed."""
+        done = self.table.append(tokens)
+        self.table.mark_on_gpu(done)
+        if self.config.enabled and done:
+            res = self.transfer.harvest(done)
+            self.table.mark_in_host(res.block_ids)
+            stats.stage_out_blocks += res.blocks
+            stats.stage_out_bytes += res.bytes
+            stats.harvest_ms += res.ms
+        self.note_peak()
+
+    def evict(self, block_ids: Sequence[int]) -> None:
+        """Remove host-backed blocks from the GPU."""
+        if not block_ids:
+            return
+        self.transfer.evict({b: self.start(b) for b in block_ids})
+        for b in block_ids:
+            self.moved.pop(b, None)
+        self.table.mark_off_gpu(block_ids)
+
+    def restore(self, starts: dict[int, int], stats: TurnStats) -> None:
+        """Copy host blocks in at `starts` (block id -> first position)."""
+        if not starts:
+            return
+        res = self.transfer.restore(sorted(starts), starts)
+        bt = self.table.block_tokens
+        for b in res.block_ids:
+            if starts[b] != b * bt:
+                self.moved[b] = starts[b]
+        self.table.mark_on_gpu(res.block_ids)
+        stats.stage_in_blocks += res.blocks
+        stats.stage_in_bytes += res.bytes
+        stats.restore_ms += res.ms
+
+    def reset(self) -> None:
+        """The context was cleared: no block is anywhere."""
+        self.moved.clear()
+        self._seen.clear()
+        self.last_plan = None
+
+    # prefill ---------------------------------------------------------------------------
+    def stream_to(self, position: int, spans: PromptSpans, room: int, stats: TurnStats) -> None:
+        """Make the GPU hold the window a prefill chunk starting at `position` sees: the
+        stream window of the chunk's block-aligned start, plus the tokens of the chunk's
+        own blocks before `position`, all at their own positions."""
+        bt = self.table.block_tokens
+        chunk_start = position - position % bt
+        keep = set(stream_window(self.planner_config(), chunk_start, spans, room))
+        keep.update(range(chunk_start // bt, self.table.n_complete_blocks))
+        gpu = set(self.table.gpu_blocks())
+        done = self.table.n_complete_blocks
+        out = sorted(b for b in gpu if b < done and (b not in keep or b in self.moved))
+        self.evict(out)
+        missing = sorted(b for b in keep if not self.table.is_on_gpu(b))
+        if out or missing:
+            self.tracer.emit(TraceKind.STREAM, at=position, evict=out, stage_in=missing)
+        self.restore({b: b * bt for b in missing}, stats)
+        stats.evicted_blocks += len(out)
+
+    # room for decodes that are not prefill (replay, generation) ---------------------------
     def ensure_room(self, n_tokens: int, stats: TurnStats, gen_start: int | None = None) -> None:
-        """Evict host-backed blocks until `n_tokens` more cells fit in the capacity."""
+        """Evict host-backed blocks until `n_tokens` more cells fit in the capacity: this
+        generation's oldest blocks first (the ring spill), then retrieved blocks."""
         need = self.cells_used() + n_tokens - self.capacity
         if need <= 0:
             return
-        bt = self.table.block_tokens
-        n_blocks = math.ceil(need / bt)
-        victims: list[int] = []
-        if gen_start is not None:
-            victims = self._generation_spill(gen_start, n_blocks)
-            stats.spilled_blocks += len(victims)
+        n_blocks = math.ceil(need / self.table.block_tokens)
+        victims = self._generation_spill(gen_start, n_blocks) if gen_start is not None else []
+        stats.spilled_blocks += len(victims)
         if len(victims) < n_blocks:
-            preferred = self.last_plan.selected if self.last_plan else ()
-            rest = plan_eviction(
-                self.planner_config(),
-                [b for b in self.table.gpu_blocks() if b not in victims],
-                self.table.complete_blocks(),
-                preferred,
-                n_blocks - len(victims),
-            )
+            rest = self._eviction_order(set(victims))[: n_blocks - len(victims)]
             victims.extend(rest)
             stats.evicted_blocks += len(rest)
         if len(victims) < n_blocks:
@@ -129,8 +208,8 @@ class GpuWindow:
                 f"cannot free {need} KV cells: the window holds no evictable block "
                 f"(capacity {self.capacity}, used {self.cells_used()})"
             )
-        self.transfer.evict(victims)
-        kind = "SPILL" if gen_start is not None else "EVICT"
+        self.evict(victims)
+        kind = TraceKind.SPILL if gen_start is not None else TraceKind.EVICT
         self.tracer.emit(kind, blocks=sorted(victims), cells=self.cells_used())
 
     def _generation_spill(self, gen_start: int, n_blocks: int) -> list[int]:
@@ -140,113 +219,145 @@ class GpuWindow:
         ids = [b for b in self.table.gpu_blocks() if (b + 1) * bt > gen_start and b < newest]
         return ids[:n_blocks]
 
+    def _eviction_order(self, taken: set[int]) -> list[int]:
+        """Complete GPU blocks by eviction preference: retrieved, then unpinned, then the
+        pinned tiers; oldest first within each; never the newest complete block."""
+        done = self.table.n_complete_blocks
+        gpu = [b for b in self.table.gpu_blocks() if b < done - 1 and b not in taken]
+        plan = self.last_plan
+        retrieved = set(plan.retrieved) if plan else set()
+        pinned = set(plan.selected) - retrieved if plan else set()
+        return sorted(gpu, key=lambda b: (0 if b in retrieved else 2 if b in pinned else 1, b))
+
     # reselection -----------------------------------------------------------------------
-    def reselect(
-        self, query: QueryVectors | None, query_start: int | None, stats: TurnStats
+    def plan(
+        self,
+        spans: PromptSpans,
+        query: QueryVectors | None,
+        n_prompt: int,
+        forced: Sequence[int] = (),
     ) -> Reselection:
-        """Choose the window for the current query and move only the blocks that change."""
-        t0 = time.perf_counter()
+        """The window for this query (pure: reads the index and the residency only)."""
         c, t = self.config, self.table
         bt = t.block_tokens
-        pin_block = self._pin_block(query_start)
-        candidates = list(range(pin_block))
-        tail_tokens = t.n_tokens - pin_block * bt
-        on_gpu = [b for b in t.gpu_blocks() if b < pin_block]
-        scores = None
-        method = c.method
-        # only the blocks the plan ranks are scored: the sink and recent blocks are kept by
-        # position, and leaving them out keeps them from absorbing the softmax
-        ranked = scored_candidates(self.planner_config(method), candidates, tail_tokens)
-        if ranked:
-            if query is not None and self.index is not None:
-                ts = time.perf_counter()
-                values = score_blocks(self.index, ranked, query, mode=c.score_mode)
-                scores = {b: float(s) for b, s in zip(ranked, values, strict=True)}
-                stats.score_ms += (time.perf_counter() - ts) * 1e3
-            else:
-                method = RetrievalMethod.RECENCY
-        plan = plan_window(self.planner_config(method), candidates, on_gpu, scores, tail_tokens)
-        pinned = range(pin_block, t.n_complete_blocks)
-        pinned_missing = [b for b in pinned if not t.is_on_gpu(b)]
-        if plan.stage_out:
-            self.transfer.evict(plan.stage_out)
-        starts = window_layout(
-            set(plan.selected).union(pinned), t.n_complete_blocks, c.sink_blocks, bt, self.positions
+        request = WindowRequest(
+            n_complete=t.n_complete_blocks,
+            open_tokens=t.n_tokens - t.n_complete_blocks * bt,
+            spans=spans,
+            forced=tuple(forced),
         )
-        # complete blocks only: the open block (kept partial by a truncation) stays put
-        resident = [b for b in t.gpu_blocks() if b < t.n_complete_blocks]
-        moved = self.transfer.move({b: starts[b] for b in resident})
-        restored = self.transfer.restore(list(plan.stage_in) + pinned_missing, starts)
-        stats.stage_in_blocks += restored.blocks
-        stats.stage_in_bytes += restored.bytes
-        stats.restore_ms += restored.ms
-        stats.evicted_blocks += len(plan.stage_out)
+        method = c.method
+        scores, score_ms = None, 0.0
+        ranked = ranked_candidates(self.planner_config(method), request)
+        if ranked and query is not None and self.index is not None:
+            ts = time.perf_counter()
+            values = score_blocks(
+                self.index, ranked, query, mode=c.score_mode, aggregate=c.score_aggregate
+            )
+            scores = {b: float(s) for b, s in zip(ranked, values, strict=True)}
+            score_ms = (time.perf_counter() - ts) * 1e3
+        elif ranked:
+            method = RetrievalMethod.RECENCY
+        plan = plan_window(self.planner_config(method), request, t.gpu_blocks(), scores)
+        starts = window_layout(set(plan.selected), t.n_complete_blocks, bt, self.positions)
+        return Reselection(
+            plan, starts, self._replay_start(plan, starts, spans, n_prompt), score_ms
+        )
+
+    def _replay_start(
+        self, plan: WindowPlan, starts: dict[int, int], spans: PromptSpans, n_prompt: int
+    ) -> int | None:
+        """Where to re-decode from so that the live tail sees the window chosen for it
+        (`auto`: only when that window differs from the one the tail was computed against)."""
+        mode = self.config.query_replay
+        if mode is QueryReplay.OFF:
+            return None
+        if mode is QueryReplay.AUTO:
+            seen_n = max(self._seen, default=-1) + 1
+            chosen = {b: p for b, p in starts.items() if b < seen_n}
+            if chosen == self._seen:
+                return None
+        bt = self.table.block_tokens
+        run = tail_run_start(set(plan.selected), self.table.n_complete_blocks) * bt
+        live = spans.live.start if spans.live is not None else 0
+        start = max(live, n_prompt - self.config.query_pin_tokens, run, 1)
+        return start if start < n_prompt else None
+
+    def apply(self, res: Reselection, stats: TurnStats) -> Applied:
+        """Evict, move and restore exactly what the plan says; record the new residency."""
+        t0 = time.perf_counter()
+        plan, starts, bt = res.plan, res.starts, self.table.block_tokens
+        # a block already moved is restored afresh rather than shifted a second time
+        restage = [b for b in plan.keep if b in self.moved and self.moved[b] != starts[b]]
+        self.evict(list(plan.stage_out) + restage)
+        resident = {b: self.start(b) for b in plan.keep if b not in restage}
+        moved = self.transfer.move(resident, starts)
+        for b in resident:
+            if starts[b] != b * bt:
+                self.moved[b] = starts[b]
+        before = stats.stage_in_blocks, stats.stage_in_bytes, stats.restore_ms
+        self.restore({b: starts[b] for b in sorted(set(plan.stage_in) | set(restage))}, stats)
+        applied = Applied(
+            stage_in=stats.stage_in_blocks - before[0],
+            bytes_in=stats.stage_in_bytes - before[1],
+            evicted=len(plan.stage_out),
+            moved=moved,
+            restore_ms=stats.restore_ms - before[2],
+        )
+        stats.evicted_blocks += applied.evicted
+        stats.score_ms += res.score_ms
         self.last_plan = plan
-        replay_from = self._replay_start(query_start, pin_block, bool(plan.stage_in))
-        stats.reselect_ms += (time.perf_counter() - t0) * 1e3
         self.note_peak()
+        ms = (time.perf_counter() - t0) * 1e3 + res.score_ms
+        stats.reselect_ms += ms
+        self._trace(res, applied, ms)
+        return applied
+
+    def _trace(self, res: Reselection, applied: Applied, ms: float) -> None:
+        plan = res.plan
+        tiers = {f"{t.value}": plan.tier(t) for t in Tier}
         self.tracer.emit(
-            "RESELECT",
-            candidates=len(candidates),
+            TraceKind.RESELECT,
+            candidates=self.table.n_complete_blocks,
             selected=len(plan.selected),
             keep=len(plan.keep),
-            stage_in=len(plan.stage_in),
-            stage_out=len(plan.stage_out),
-            retrieved=plan.retrieved,
-            moved=moved,
-            bytes_in=restored.bytes,
-            ms=(time.perf_counter() - t0) * 1e3,
-            replay="-" if replay_from is None else replay_from,
+            stage_in=applied.stage_in,
+            stage_out=applied.evicted,
+            moved=applied.moved,
+            bytes_in=applied.bytes_in,
+            ms=ms,
+            replay="-" if res.replay_from is None else res.replay_from,
+            **tiers,
         )
-        return Reselection(plan, replay_from)
+        for tier, blocks in plan.unpinned.items():
+            self.tracer.emit(TraceKind.TIER_DROP, tier=tier.value, blocks=blocks)
 
-    def _pin_block(self, query_start: int | None) -> int:
-        """First block kept unconditionally: the query's (bounded so sink + recent still fit)."""
-        c, t = self.config, self.table
-        bt = t.block_tokens
-        max_tail = c.budget - (c.sink_blocks + c.recent_blocks) * bt
-        earliest = math.ceil(max(0, t.n_tokens - max_tail) / bt)
-        start = t.n_tokens if query_start is None else query_start
-        return min(max(start // bt, earliest), t.n_complete_blocks)
+    # truncation ------------------------------------------------------------------------
+    def truncate(self, n_keep: int, stats: TurnStats, *, keep_window: bool) -> tuple[int, ...]:
+        """Forget history from `n_keep` on; returns the blocks whose host copies went.
 
-    def _replay_start(self, query_start: int | None, pin_block: int, staged_in: bool) -> int | None:
-        """Where to re-decode from: the query sees the window chosen for it (`auto`: only
-        when blocks came in; blocks that only moved hold the same text)."""
-        mode = self.config.query_replay
-        if query_start is None or mode is QueryReplay.OFF:
-            return None
-        if mode is QueryReplay.AUTO and not staged_in:
-            return None
-        return max(query_start, pin_block * self.table.block_tokens)
-
-    def drop_from(self, position: int) -> None:
-        """Remove every cell at `position` and later, and every block of those tokens."""
-        self._release_moved(position, None, dropped_from=position)
-        self.ctx.seq_rm(MAIN_SEQ, position, -1)
-
-    def _release_moved(self, lo: int, hi: int | None, dropped_from: int | None = None) -> None:
-        """Evict the moved blocks whose cells overlap positions [lo, hi) (None: no end)
-        and those holding tokens at `dropped_from` or later."""
+        Unless `keep_window` (a replay of the tail run, which every moved block precedes),
+        moved blocks leave the GPU first: their cells may sit at or after `n_keep`. A block
+        left partial by the cut is on the GPU at its own positions afterwards."""
         bt = self.table.block_tokens
-        victims = [
-            b
-            for b, p in self.transfer.moved.items()
-            if (p + bt > lo and (hi is None or p < hi))
-            or (dropped_from is not None and (b + 1) * bt > dropped_from)
-        ]
-        if victims:
-            self.transfer.evict(victims)
+        if keep_window:
+            if any(p + bt > n_keep or (b + 1) * bt > n_keep for b, p in self.moved.items()):
+                raise KVTransferError(f"a moved block holds cells at or after {n_keep}")
+        else:
+            self.evict(sorted(self.moved))
+        cut = n_keep // bt
+        if n_keep % bt and cut < self.table.n_complete_blocks and not self.table.is_on_gpu(cut):
+            self.restore({cut: cut * bt}, stats)
+        self.ctx.seq_rm(MAIN_SEQ, n_keep, -1)
+        result = self.table.truncate(n_keep)
+        self.transfer.store.drop(result.dropped_blocks)
+        if self.index is not None:
+            self.index.remove(result.dropped_blocks)
+        self.last_plan = None
+        self._seen = {b: p for b, p in self._seen.items() if b < cut}
+        return result.dropped_blocks
 
-    def ensure_block_on_gpu(self, block_id: int, stats: TurnStats) -> None:
-        if (
-            block_id < 0
-            or self.table.is_on_gpu(block_id)
-            or block_id >= self.table.n_complete_blocks
-        ):
-            return
-        self.ensure_room(self.table.block_tokens, stats)
-        bt = self.table.block_tokens
-        self._release_moved(block_id * bt, (block_id + 1) * bt)  # its own positions
-        res = self.transfer.restore([block_id])
-        stats.stage_in_blocks += res.blocks
-        stats.stage_in_bytes += res.bytes
+    def resident_tiers(self) -> dict[str, list[int]]:
+        """The last plan's blocks per tier (for /props)."""
+        plan = self.last_plan
+        return {} if plan is None else {t.value: list(plan.tier(t)) for t in Tier}

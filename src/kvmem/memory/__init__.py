@@ -10,9 +10,12 @@ from kvmem.memory.host_store import BlockKV, BlockStore, HostStore, HostStoreSta
 from kvmem.memory.planner import (
     PlannerConfig,
     RetrievalMethod,
+    Tier,
     WindowPlan,
-    plan_eviction,
+    WindowRequest,
     plan_window,
+    ranked_candidates,
+    stream_window,
     window_slots,
 )
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex
@@ -26,6 +29,7 @@ from kvmem.memory.rope import (
     undo_hadamard,
 )
 from kvmem.memory.scorer import QueryVectors, score_blocks
+from kvmem.memory.spans import PromptSpans, TokenSpan
 
 __all__ = [
     "BlockInfo",
@@ -43,16 +47,21 @@ __all__ = [
     "RopeParams",
     "RopeType",
     "TruncateResult",
+    "PromptSpans",
+    "Tier",
+    "TokenSpan",
     "WindowPlan",
+    "WindowRequest",
     "apply_rope",
     "dequantize_rows",
     "hadamard_matrix",
     "k_rotation_size",
     "parse_kv_type",
-    "plan_eviction",
     "plan_window",
+    "ranked_candidates",
     "remove_rope",
     "score_blocks",
+    "stream_window",
     "undo_hadamard",
     "window_slots",
 ]

@@ -2,9 +2,10 @@
 
 A block's tokens have their own positions in the conversation. `PositionMode.ORIGINAL`
 keeps every GPU block there, so the window has gaps where blocks are in the host store.
-`PositionMode.GATHER` keeps the sink blocks and the run of blocks that ends at the open
-tail where they are, and moves every other selected block (in chronological order) to
-the positions right before that run, so that retrieved text sits next to the query as it
+`PositionMode.GATHER` keeps the run of selected blocks that starts the conversation (the
+sink and the control text after it) and the run that ends at the open tail where they
+are, and moves every other selected block (in chronological order) to the positions
+right before the tail run, so that retrieved text sits next to the query as it
 would in a short context; the distance between the query and a retrieved block is then
 bounded by the window instead of the history. Blocks never swap order, and no position is
 held by two blocks. The engine moves the cells; this module only says where they go.
@@ -43,10 +44,17 @@ def tail_run_start(selected: Collection[int], n_complete: int) -> int:
     return start
 
 
+def head_run_end(selected: Collection[int]) -> int:
+    """One past the last block of the run of selected blocks that starts at block 0."""
+    end = 0
+    while end in selected:
+        end += 1
+    return end
+
+
 def window_layout(
     selected: Collection[int],
     n_complete: int,
-    sink_blocks: int,
     block_tokens: int,
     mode: PositionMode,
 ) -> dict[int, int]:
@@ -57,7 +65,8 @@ def window_layout(
     if mode is PositionMode.ORIGINAL:
         return own
     run = tail_run_start(selected, n_complete)
-    movable = sorted(b for b in selected if sink_blocks <= b < run)
+    head = min(head_run_end(selected), run)
+    movable = sorted(b for b in selected if head <= b < run)
     first = run - len(movable)
     for i, b in enumerate(movable):
         own[b] = (first + i) * block_tokens

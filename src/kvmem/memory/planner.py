@@ -1,25 +1,52 @@
-"""The GPU working set: which complete blocks to hold, and which to evict under pressure.
+"""The GPU working set as tiers: which complete blocks to hold for a query (pure policy).
 
-`plan_window` picks the window for a query and diffs it against what is resident, so
-that blocks that stay are not touched. `plan_eviction` picks the blocks to move out when
-a long prefill or a generation needs room. Both are pure functions of their arguments.
+The budget is filled in tier order, each tier bounded:
+
+1. ``sink``: the first `sink_blocks` blocks;
+2. ``recent``: the last `recent_blocks` complete blocks;
+3. ``control``: the control text (system prompt, tool definitions), its newest
+   `control_tokens`;
+4. ``query``: the task (the last user message), its newest `query_tokens`;
+5. ``trajectory``: the live trajectory after the task (assistant tool calls, tool
+   results), its newest `trajectory_tokens`;
+6. ``forced``: blocks a caller forces in (the oracle diagnostic);
+7. ``retrieved``: every slot left, by score (or by recency for the baseline).
+
+A tier that does not fit keeps its newest blocks; the rest are `unpinned` (they stay
+retrieval candidates) and the window traces them. When every block fits, all are held.
+`plan_window` is a pure function of its arguments, and `stream_window` gives the window a
+prefill chunk sees, as a function of its position alone.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from enum import Enum
 
 from kvmem.errors import MemoryLayoutError
+from kvmem.memory.spans import PromptSpans, TokenSpan
 
 
 class RetrievalMethod(Enum):
-    """How the budget beyond sink and recent blocks is filled."""
+    """How the slots beyond the pinned tiers are filled."""
 
     RETRIEVAL = "retrieval"  # highest scores first
     RECENCY = "recency"  # the next most recent blocks (a baseline)
+
+
+class Tier(Enum):
+    SINK = "sink"
+    RECENT = "recent"
+    CONTROL = "control"
+    QUERY = "query"
+    TRAJECTORY = "trajectory"
+    FORCED = "forced"
+    RETRIEVED = "retrieved"
+
+
+PINNED_TIERS = (Tier.SINK, Tier.RECENT, Tier.CONTROL, Tier.QUERY, Tier.TRAJECTORY, Tier.FORCED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,140 +55,197 @@ class PlannerConfig:
     budget_tokens: int  # GPU KV tokens for the selected working set
     sink_blocks: int  # first blocks always kept
     recent_blocks: int  # most recent complete blocks always kept
-    method: RetrievalMethod
+    method: RetrievalMethod = RetrievalMethod.RETRIEVAL
+    control_tokens: int = 0  # bound of the control tier
+    query_tokens: int = 0  # bound of the query tier
+    trajectory_tokens: int = 0  # bound of the trajectory tier
+    stream_tokens: int = 0  # newest tokens a prefill chunk sees (besides sink and control)
 
     def __post_init__(self) -> None:
         if self.block_tokens <= 0 or self.budget_tokens < 0:
             raise MemoryLayoutError(f"invalid planner sizes {self}")
         if self.sink_blocks < 0 or self.recent_blocks < 0:
             raise MemoryLayoutError(f"invalid sink/recent block counts {self}")
+        if (
+            min(self.control_tokens, self.query_tokens, self.trajectory_tokens, self.stream_tokens)
+            < 0
+        ):
+            raise MemoryLayoutError(f"invalid tier bounds {self}")
+
+    @property
+    def stream_blocks(self) -> int:
+        """Newest blocks a prefill chunk sees besides the sink and control tiers."""
+        return max(math.ceil(self.stream_tokens / self.block_tokens), self.recent_blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRequest:
+    """What the window is planned for."""
+
+    n_complete: int  # complete blocks of the history: candidates 0 .. n_complete - 1
+    open_tokens: int  # tokens of the open tail block, on the GPU outside the plan
+    spans: PromptSpans = field(default_factory=PromptSpans)
+    forced: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class WindowPlan:
-    """A chosen window and its diff against the blocks resident now (all ascending)."""
+    """A chosen window by tier, and its diff against the blocks resident now (ascending)."""
 
     selected: tuple[int, ...]  # the window: every block to hold
-    sink: tuple[int, ...]  # the protected first blocks
-    recent: tuple[int, ...]  # the protected last blocks (RECENCY: every non-sink block chosen)
-    retrieved: tuple[int, ...]  # chosen by score (empty when everything fits)
+    tiers: Mapping[Tier, tuple[int, ...]]  # the blocks each tier holds
+    unpinned: Mapping[Tier, tuple[int, ...]]  # a tier's blocks past its bound or the budget
     keep: tuple[int, ...]  # selected and resident: untouched
     stage_in: tuple[int, ...]  # selected, not resident: copy in from the host
     stage_out: tuple[int, ...]  # resident, not selected: remove from the GPU
+    fits: bool = False  # every candidate fits: nothing was ranked
+
+    def tier(self, tier: Tier) -> tuple[int, ...]:
+        return self.tiers.get(tier, ())
+
+    @property
+    def sink(self) -> tuple[int, ...]:
+        return self.tier(Tier.SINK)
+
+    @property
+    def recent(self) -> tuple[int, ...]:
+        return self.tier(Tier.RECENT)
+
+    @property
+    def retrieved(self) -> tuple[int, ...]:
+        return self.tier(Tier.RETRIEVED)
 
     @property
     def changed(self) -> bool:
         return bool(self.stage_in or self.stage_out)
 
 
-def window_slots(config: PlannerConfig, tail_tokens: int) -> int:
-    """Complete blocks that fit in the budget next to `tail_tokens` other GPU tokens."""
-    return max(0, (config.budget_tokens - tail_tokens) // config.block_tokens)
+@dataclass(frozen=True, slots=True)
+class _Pins:
+    tiers: dict[Tier, tuple[int, ...]]
+    unpinned: dict[Tier, tuple[int, ...]]
+    middle: tuple[int, ...]  # candidates no tier holds, ascending
+    free: int  # slots left for them
+
+
+def window_slots(config: PlannerConfig, open_tokens: int) -> int:
+    """Complete blocks that fit in the budget next to `open_tokens` other GPU tokens."""
+    return max(0, (config.budget_tokens - open_tokens) // config.block_tokens)
 
 
 def plan_window(
     config: PlannerConfig,
-    candidates: Sequence[int],
+    request: WindowRequest,
     on_gpu: Collection[int],
     scores: Mapping[int, float] | None,
-    tail_tokens: int,
 ) -> WindowPlan:
-    """Choose the window among `candidates` (complete block ids, ascending).
+    """Choose the window for `request` and diff it against the resident `on_gpu` blocks.
 
-    All fit: all are selected. Otherwise the first `sink_blocks` and the last
-    `recent_blocks` candidates (sink first, then as many recent as fit), then the
-    remaining slots by score (ties: the more recent block; ids missing from `scores`
-    rank last) or, for RECENCY, by recency. `scores` may be None for RECENCY or when
-    everything fits. Resident ids that are not candidates any more go to stage_out.
+    Retrieved slots go to the highest `scores` (ties: the more recent block; ids missing
+    from `scores` rank last). Without scores, and for RECENCY, they go to the newest
+    blocks no tier holds.
     """
-    cands = _ascending(candidates)
-    split = _split(config, cands, tail_tokens)
-    if split is None:  # everything fits
-        sink = cands[: min(config.sink_blocks, len(cands))]
-        recent = tuple(b for b in cands[len(cands) - config.recent_blocks :] if b not in sink)
-        return _diff(cands, sink, recent, (), on_gpu)
-    sink, middle, recent, free = split.sink, split.middle, split.recent, split.free
-    if free == 0 or not middle:
-        return _diff(sink + recent, sink, recent, (), on_gpu)
-    if config.method is RetrievalMethod.RECENCY:
-        extra = middle[len(middle) - free :] if free < len(middle) else middle
-        return _diff(sink + extra + recent, sink, extra + recent, (), on_gpu)
-    if scores is None:
-        raise MemoryLayoutError("the retrieval method needs block scores when not everything fits")
-    ranked = sorted(middle, key=lambda b: (-_score(scores, b), -b))
-    retrieved = tuple(sorted(ranked[:free]))
-    return _diff(sink + retrieved + recent, sink, recent, retrieved, on_gpu)
+    n = request.n_complete
+    pins = _pins(config, request)
+    if n <= window_slots(config, request.open_tokens):
+        return _diff(range(n), pins.tiers, {}, on_gpu, fits=True)
+    ranked = _rank(config, pins.middle, scores)
+    tiers = dict(pins.tiers)
+    if pins.free and ranked:
+        tiers[Tier.RETRIEVED] = tuple(sorted(ranked[: pins.free]))
+    chosen = [b for blocks in tiers.values() for b in blocks]
+    return _diff(chosen, tiers, pins.unpinned, on_gpu, fits=False)
 
 
-def scored_candidates(
-    config: PlannerConfig, candidates: Sequence[int], tail_tokens: int
-) -> tuple[int, ...]:
-    """The candidates `plan_window` ranks by score: the middle blocks (not sink, not
-    recent) when some do not fit and slots remain for them; empty otherwise, and for
-    RECENCY. Scores for other blocks are never read, so only these need scoring."""
+def ranked_candidates(config: PlannerConfig, request: WindowRequest) -> tuple[int, ...]:
+    """The blocks `plan_window` ranks by score: empty when everything fits, when no slot
+    is left, and for RECENCY. Scores of other blocks are never read."""
     if config.method is RetrievalMethod.RECENCY:
         return ()
-    split = _split(config, _ascending(candidates), tail_tokens)
-    if split is None or split.free == 0:
+    if request.n_complete <= window_slots(config, request.open_tokens):
         return ()
-    return split.middle
+    pins = _pins(config, request)
+    return pins.middle if pins.free else ()
 
 
-@dataclass(frozen=True, slots=True)
-class _Split:
-    sink: tuple[int, ...]
-    middle: tuple[int, ...]
-    recent: tuple[int, ...]
-    free: int  # slots left for middle blocks
-
-
-def _split(config: PlannerConfig, cands: tuple[int, ...], tail_tokens: int) -> _Split | None:
-    """Sink / middle / recent of candidates that do not all fit (None when they do)."""
-    slots = window_slots(config, tail_tokens)
-    if len(cands) <= slots:
-        return None
-    sink = cands[: min(config.sink_blocks, len(cands), slots)]
-    n_recent = min(config.recent_blocks, slots - len(sink))
-    recent = cands[len(cands) - n_recent :] if n_recent else ()
-    middle = cands[len(sink) : len(cands) - len(recent)]
-    return _Split(sink, middle, recent, slots - len(sink) - len(recent))
-
-
-def plan_eviction(
-    config: PlannerConfig,
-    on_gpu: Sequence[int],
-    candidates: Sequence[int],
-    preferred: Collection[int],
-    n_blocks: int,
+def stream_window(
+    config: PlannerConfig, position: int, spans: PromptSpans, room: int
 ) -> tuple[int, ...]:
-    """Up to `n_blocks` resident complete blocks to move off the GPU, in eviction order.
+    """The complete blocks a prefill chunk starting at `position` (block-aligned) sees.
 
-    Order: unprotected blocks not in `preferred` (the current selection), oldest first;
-    unprotected preferred ones, oldest first; then the `recent_blocks` most recent
-    candidates, oldest first; the sink blocks only as the very last resort. Resident ids
-    that are not candidates (the open tail block) are never chosen.
+    Every block before it when all fit in `room` tokens; otherwise the sink, the control
+    tier and the newest `stream_blocks`, as many as fit. A function of the position and
+    the control span alone, so that the KV of every block depends on the tokens only.
     """
-    cands = _ascending(candidates)
-    if n_blocks <= 0:
-        return ()
-    sink = set(cands[: config.sink_blocks])
-    recent = set(cands[len(cands) - config.recent_blocks :] if config.recent_blocks else ()) - sink
-    candidate_set = set(cands)
-    resident = sorted(set(on_gpu) & candidate_set)
-    order = (
-        [b for b in resident if b not in sink and b not in recent and b not in preferred]
-        + [b for b in resident if b not in sink and b not in recent and b in preferred]
-        + [b for b in resident if b in recent]
-        + [b for b in resident if b in sink]
-    )
-    return tuple(order[:n_blocks])
+    bt = config.block_tokens
+    if position % bt:
+        raise MemoryLayoutError(f"prefill chunk at {position} is not block-aligned")
+    n = position // bt
+    slots = max(0, room // bt)
+    if n <= slots:
+        return tuple(range(n))
+    control = spans.control.clip(position) if spans.control else None
+    taker = _Taker(slots)
+    taker.take(Tier.SINK, range(min(config.sink_blocks, n)), config.sink_blocks)
+    taker.take(Tier.CONTROL, _newest(control, bt, n), config.control_tokens // bt)
+    taker.take(Tier.RECENT, range(n - 1, -1, -1), config.stream_blocks)
+    return tuple(sorted(taker.taken))
 
 
-def _ascending(ids: Sequence[int]) -> tuple[int, ...]:
-    out = tuple(int(b) for b in ids)
-    if any(a >= b for a, b in zip(out, out[1:], strict=False)):
-        raise MemoryLayoutError("candidate block ids must be strictly ascending")
-    return out
+class _Taker:
+    """Fills slots tier by tier, newest blocks first within a tier."""
+
+    def __init__(self, slots: int) -> None:
+        self.free = slots
+        self.taken: set[int] = set()
+        self.tiers: dict[Tier, tuple[int, ...]] = {}
+        self.unpinned: dict[Tier, tuple[int, ...]] = {}
+
+    def take(self, tier: Tier, newest_first: Iterable[int], bound: int) -> None:
+        new = [b for b in newest_first if b not in self.taken]
+        n = max(0, min(bound, self.free))
+        kept, left = new[:n], new[n:]
+        self.taken.update(kept)
+        self.free -= len(kept)
+        if kept:
+            self.tiers[tier] = tuple(sorted(kept))
+        if left:
+            self.unpinned[tier] = tuple(sorted(left))
+
+
+def _pins(config: PlannerConfig, request: WindowRequest) -> _Pins:
+    bt, n, spans = config.block_tokens, request.n_complete, request.spans
+    taker = _Taker(window_slots(config, request.open_tokens))
+    taker.take(Tier.SINK, range(min(config.sink_blocks, n)), config.sink_blocks)
+    taker.take(Tier.RECENT, range(n - 1, max(-1, n - 1 - config.recent_blocks), -1), n)
+    taker.take(Tier.CONTROL, _newest(spans.control, bt, n), config.control_tokens // bt)
+    taker.take(Tier.QUERY, _newest(spans.query, bt, n), _bound(config.query_tokens, bt))
+    traj = _newest(spans.trajectory, bt, n)
+    taker.take(Tier.TRAJECTORY, traj, _bound(config.trajectory_tokens, bt))
+    forced = sorted({b for b in request.forced if 0 <= b < n}, reverse=True)
+    taker.take(Tier.FORCED, forced, n)
+    middle = tuple(b for b in range(n) if b not in taker.taken)
+    return _Pins(taker.tiers, taker.unpinned, middle, taker.free)
+
+
+def _bound(tokens: int, block_tokens: int) -> int:
+    """Blocks a tier of `tokens` may hold: its newest tokens span at most this many."""
+    return math.ceil(tokens / block_tokens) if tokens else 0
+
+
+def _newest(span: TokenSpan | None, block_tokens: int, n_complete: int) -> list[int]:
+    """Complete blocks of `span`, newest first."""
+    if span is None:
+        return []
+    return [b for b in reversed(span.blocks(block_tokens)) if b < n_complete]
+
+
+def _rank(
+    config: PlannerConfig, middle: tuple[int, ...], scores: Mapping[int, float] | None
+) -> list[int]:
+    if config.method is RetrievalMethod.RECENCY or scores is None:
+        return sorted(middle, reverse=True)
+    return sorted(middle, key=lambda b: (-_score(scores, b), -b))
 
 
 def _score(scores: Mapping[int, float], block_id: int) -> float:
@@ -170,21 +254,21 @@ def _score(scores: Mapping[int, float], block_id: int) -> float:
 
 
 def _diff(
-    selected: Sequence[int],
-    sink: Sequence[int],
-    recent: Sequence[int],
-    retrieved: Sequence[int],
+    selected: Iterable[int],
+    tiers: Mapping[Tier, tuple[int, ...]],
+    unpinned: Mapping[Tier, tuple[int, ...]],
     on_gpu: Collection[int],
+    *,
+    fits: bool,
 ) -> WindowPlan:
-    chosen = tuple(sorted(selected))
-    chosen_set = set(chosen)
-    resident = set(on_gpu)
+    chosen = tuple(sorted(set(selected)))
+    chosen_set, resident = set(chosen), set(on_gpu)
     return WindowPlan(
         selected=chosen,
-        sink=tuple(sorted(sink)),
-        recent=tuple(sorted(recent)),
-        retrieved=tuple(sorted(retrieved)),
+        tiers={t: tiers[t] for t in Tier if t in tiers},
+        unpinned={t: unpinned[t] for t in Tier if t in unpinned},
         keep=tuple(b for b in chosen if b in resident),
         stage_in=tuple(b for b in chosen if b not in resident),
         stage_out=tuple(sorted(resident - chosen_set)),
+        fits=fits,
     )

@@ -39,6 +39,13 @@ class ScoreMode(Enum):
     MEAN_KEY = "mean"  # q . mean key
 
 
+class ScoreAggregate(Enum):
+    """How the per-row attention distributions over blocks become one score per block."""
+
+    MEAN = "mean"  # the mean over query tokens and heads (then layers): the default
+    MAX = "max"  # the largest share any query row gives the block (mean over layers)
+
+
 @dataclass(slots=True)
 class QueryVectors:
     """Post-RoPE query vectors of the query tokens, as llama.cpp computed them."""
@@ -64,6 +71,7 @@ def score_blocks(
     *,
     workers: int = 1,
     mode: ScoreMode = ScoreMode.KEY_BOUND,
+    aggregate: ScoreAggregate = ScoreAggregate.MEAN,
 ) -> np.ndarray:
     """float32 [n_blocks]: the estimated attention mass of each block; sums to 1.
 
@@ -103,15 +111,22 @@ def score_blocks(
             chunks.append(_Chunk(pos, grouped[:, r0 : r0 + step], keys))
         n_rows.append(n_tokens * n_head)
     scale = np.float32(1.0 / math.sqrt(geometry.head_dim))
+    use_max = aggregate is ScoreAggregate.MAX
     if workers > 1 and len(chunks) > 1:
         with ThreadPoolExecutor(max_workers=min(workers, len(chunks))) as pool:
-            partials = list(pool.map(lambda c: _softmax_column_sum(c, scale), chunks))
+            partials = list(pool.map(lambda c: _softmax_columns(c, scale, use_max), chunks))
     else:
-        partials = [_softmax_column_sum(c, scale) for c in chunks]
+        partials = [_softmax_columns(c, scale, use_max) for c in chunks]
     per_layer = np.zeros((len(used), n_blocks), dtype=np.float64)  # [n_used, n_blocks]
     for chunk, partial in zip(chunks, partials, strict=True):
-        per_layer[chunk.layer_pos] += partial
-    per_layer /= np.asarray(n_rows, dtype=np.float64)[:, None]
+        if use_max:
+            np.maximum(per_layer[chunk.layer_pos], partial, out=per_layer[chunk.layer_pos])
+        else:
+            per_layer[chunk.layer_pos] += partial
+    if use_max:
+        per_layer /= per_layer.sum(axis=1, keepdims=True)
+    else:
+        per_layer /= np.asarray(n_rows, dtype=np.float64)[:, None]
     return per_layer.mean(axis=0).astype(np.float32)  # [n_blocks]
 
 
@@ -123,14 +138,18 @@ def _block_keys(index: RetrievalIndex, ids: list[int], mode: ScoreMode) -> np.nd
     return np.concatenate([maxs, mins], axis=-1)
 
 
-def _softmax_column_sum(chunk: _Chunk, scale: np.float32) -> np.ndarray:
-    """float64 [n_blocks]: sum over the chunk's query rows of softmax_b(q . k_b * scale)."""
+def _softmax_columns(chunk: _Chunk, scale: np.float32, use_max: bool) -> np.ndarray:
+    """float64 [n_blocks]: the sum (or max) over the chunk's query rows of
+    softmax_b(q . k_b * scale)."""
     logits = np.matmul(chunk.queries, chunk.keys)  # [n_kv, n_rows, n_blocks]
     logits *= scale
     logits -= logits.max(axis=-1, keepdims=True)
     np.exp(logits, out=logits)
     logits /= logits.sum(axis=-1, keepdims=True)
-    return logits.reshape(-1, logits.shape[-1]).sum(axis=0, dtype=np.float64)  # [n_blocks]
+    rows = logits.reshape(-1, logits.shape[-1])  # [n_kv * n_rows, n_blocks]
+    if use_max:
+        return rows.max(axis=0).astype(np.float64)  # [n_blocks]
+    return rows.sum(axis=0, dtype=np.float64)  # [n_blocks]
 
 
 def _check_query(

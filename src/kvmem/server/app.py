@@ -41,6 +41,7 @@ class ServerState:
     metrics: ServerMetrics
     template: ChatTemplate | None = None
     info: ModelInfoLike | None = None
+    window: Callable[[], dict[str, list[int]]] | None = None  # the last plan's blocks by tier
 
 
 def default_engine_factory(settings: ServerSettings) -> ChatEngine:
@@ -78,6 +79,7 @@ def create_app(
             raise
         holder["state"].template = template
         holder["state"].info = engine.info
+        holder["state"].window = getattr(engine, "window_tiers", None)
         logger.info(
             "model %s loaded: n_ctx=%d, chat template from %s, tool format %s",
             engine.info.name,

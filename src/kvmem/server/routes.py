@@ -72,7 +72,9 @@ async def models(request: Request) -> JSONResponse:
 async def props(request: Request) -> JSONResponse:
     state = _ready_state(request)
     assert state.info is not None and state.template is not None
-    return JSONResponse(props_body(state.settings, state.info, state.template))
+    body = props_body(state.settings, state.info, state.template)
+    body["kvmem"]["window"] = state.window() if state.window is not None else {}
+    return JSONResponse(body)
 
 
 @api_router.get("/metrics")

@@ -1,0 +1,143 @@
+"""Agent loops and raw prompts retrieve: an early tool result or a fact in the middle of a
+document comes back into the window (stage-in), which a recency window never holds."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from kvmem.chat.prompt import build_prompt_tokens
+from kvmem.chat.template import ChatTemplate
+from kvmem.config import KVMemConfig
+from kvmem.memory.planner import RetrievalMethod, Tier
+from kvmem.memory.spans import PromptSpans, TokenSpan
+
+from .helpers import FILLER, GREEDY, make_engine
+
+pytestmark = pytest.mark.slow
+
+FACT = "The deploy key of the billing service is KX-4817-ZULU."
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file of the repository",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
+
+
+def _call(i: int, path: str) -> dict:
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": f"call_{i}",
+                "type": "function",
+                "function": {"name": "read_file", "arguments": f'{{"path": "{path}"}}'},
+            }
+        ],
+    }
+
+
+def agent_messages(n_rounds: int) -> list[dict]:
+    """A task, then tool rounds: the second tool result holds the fact, later ones are
+    filler logs, and the last tool result asks for the key again."""
+    messages: list[dict] = [
+        {"role": "system", "content": "You are a coding agent. Use the tools."},
+        {"role": "user", "content": "Find the deploy key of the billing service."},
+        _call(0, "README.md"),
+        {"role": "tool", "tool_call_id": "call_0", "content": FILLER * 4},
+        _call(1, "config/billing.env"),
+        {"role": "tool", "tool_call_id": "call_1", "content": FILLER * 2 + FACT + " " + FILLER * 2},
+    ]
+    for i in range(2, n_rounds):
+        messages += [
+            _call(i, f"logs/run{i}.log"),
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": FILLER * 6},
+        ]
+    messages += [
+        _call(n_rounds, "NOTES.md"),
+        {
+            "role": "tool",
+            "tool_call_id": f"call_{n_rounds}",
+            "content": "NOTES: the deploy key of the billing service is in config/billing.env.",
+        },
+    ]
+    return messages
+
+
+@pytest.fixture(scope="module")
+def engines(smollm2_path):
+    made = {
+        method: make_engine(
+            smollm2_path,
+            n_ctx=8192,
+            kvmem=KVMemConfig(budget=1024, gen_reserve=256, method=method, trace=True),
+            trace=io.StringIO(),
+        )
+        for method in RetrievalMethod
+    }
+    yield made
+    for engine in made.values():
+        engine.close()
+
+
+def _fact_blocks(engine, tokens: list[int], text: str, bt: int = 128) -> set[int]:
+    """The blocks holding the fact's key, located by tokenizing up to it."""
+    rendered = engine.detokenize(tokens)
+    at = rendered.index("KX-4817")
+    start = len(engine.tokenize(rendered[:at], add_special=False, parse_special=True))
+    return set(TokenSpan(start, start + 6).blocks(bt))
+
+
+def test_agent_loop_restores_the_early_tool_result(engines):
+    engine = engines[RetrievalMethod.RETRIEVAL]
+    template = ChatTemplate.from_engine_info(engine.info, None)
+    prompt = build_prompt_tokens(engine, template, agent_messages(8), tools=TOOLS)
+    spans = prompt.spans
+    assert spans.query is not None and spans.trajectory is not None
+    assert spans.control is not None and spans.control.start == 0
+    assert spans.trajectory.start == spans.query.end and spans.trajectory.end == len(prompt.tokens)
+    assert 2500 < len(prompt.tokens) < 4000
+    fact = _fact_blocks(engine, prompt.tokens, FACT)
+    list(engine.generate(prompt.tokens, query=spans, sampling=GREEDY, max_tokens=4))
+    plan = engine.session.last_plan
+    control = set(spans.control.blocks(128))
+    assert control <= set(plan.selected)  # the system prompt and tool definitions stay
+    assert set(plan.tier(Tier.QUERY)) <= set(spans.query.blocks(128))
+    assert fact & set(plan.retrieved), (fact, plan.tiers)
+    assert engine.last_turn.stage_in_blocks > 0
+    recency = engines[RetrievalMethod.RECENCY]
+    list(recency.generate(prompt.tokens, query=spans, sampling=GREEDY, max_tokens=4))
+    assert not fact & set(recency.session.last_plan.selected)
+
+
+def test_raw_prompt_with_no_user_message_retrieves_from_its_tail(engines):
+    engine = engines[RetrievalMethod.RETRIEVAL]
+    engine.reset()
+    doc = (
+        FILLER * 30
+        + FACT
+        + " "
+        + FILLER * 30
+        + "\nQuestion: what is the deploy key of the billing service?\nAnswer: The deploy key is"
+    )
+    tokens = engine.tokenize(doc, add_special=True)
+    assert 2500 < len(tokens) < 4000
+    fact = _fact_blocks(engine, tokens, FACT)
+    out = list(engine.generate(tokens, query=None, sampling=GREEDY, max_tokens=8))
+    plan = engine.session.last_plan
+    assert engine.session.last_query.positions.tolist() == list(
+        range(len(tokens) - 512, len(tokens))
+    )
+    assert fact & set(plan.retrieved) and engine.last_turn.stage_in_blocks > 0
+    assert "KX" in engine.detokenize(out)
+    recency = engines[RetrievalMethod.RECENCY]
+    recency.reset()
+    list(recency.generate(tokens, query=PromptSpans(), sampling=GREEDY, max_tokens=8))
+    assert not fact & set(recency.session.last_plan.selected)

@@ -1,0 +1,70 @@
+"""Answers depend on the request's tokens alone, never on what the session saw before:
+a warm session gives the greedy tokens of a fresh one, over a budget where blocks move."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvmem.config import KVMemConfig
+from kvmem.memory.spans import TokenSpan
+
+from .helpers import GREEDY, filler_tokens, make_engine
+
+pytestmark = pytest.mark.slow
+
+BT = 128
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path):
+    made = make_engine(smollm2_path, n_ctx=8192, kvmem=KVMemConfig(budget=512, gen_reserve=256))
+    yield made
+    made.close()
+
+
+def _answer(engine, prompt: list[int], n_query: int = 30) -> list[int]:
+    span = TokenSpan(len(prompt) - n_query, len(prompt))
+    return list(
+        engine.generate(prompt, query=span, sampling=GREEDY, max_tokens=12, ignore_eos=True)
+    )
+
+
+def _fresh(engine, prompt: list[int]) -> list[int]:
+    engine.reset()
+    return _answer(engine, prompt)
+
+
+def test_cold_and_warm_pass_of_one_request_agree(engine):
+    prompt = filler_tokens(engine, 2000, seed=41)
+    engine.reset()
+    cold = _answer(engine, prompt)
+    assert engine.last_turn.replayed_tokens > 0  # the window changed under the query
+    warm = _answer(engine, prompt)
+    assert engine.last_turn.cached_tokens > 1500
+    assert cold == warm
+
+
+def test_an_edited_first_turn_answers_as_a_fresh_session(engine):
+    base = filler_tokens(engine, 2600, seed=42)
+    engine.reset()
+    _answer(engine, base[:2400])
+    edited = list(base[:2400])
+    edited[300] = engine.tokenize(" purple")[0]  # not on a chunk or block boundary
+    warm = _answer(engine, edited)
+    assert engine.last_turn.cached_tokens == 300
+    assert warm == _fresh(engine, edited)
+
+
+def test_turns_built_up_one_by_one_answer_as_fresh_sessions(engine):
+    base = filler_tokens(engine, 3200, seed=43)
+    engine.reset()
+    prompt = list(base[:700])
+    warm_answers, prompts = [], []
+    for step in range(6):
+        out = _answer(engine, prompt)
+        assert engine.session.window.cells_used() <= 512 + 256
+        warm_answers.append(out)
+        prompts.append(list(prompt))
+        prompt = prompt + out + list(base[700 + 350 * step : 1050 + 350 * step])
+    assert engine.stats.stage_in_blocks > 0 and engine.stats.replayed_tokens > 0
+    assert [_fresh(engine, p) for p in prompts] == warm_answers
