@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from kvmem.chat.messages import normalize_messages
 from kvmem.chat.prompt import build_prompt_tokens
 from kvmem.chat.template import ChatTemplate
-from kvmem.engine import TokenSpan
+from kvmem.engine import PromptSpans, TokenSpan
 
 
 class Role(Enum):
@@ -40,6 +40,7 @@ class RenderedPrompt:
     query: TokenSpan | None
     message_spans: list[TokenSpan] = field(default_factory=list)  # content span of each message
     system_end: int = 0  # tokens up to the end of a leading system message (0: none)
+    spans: PromptSpans | None = None  # the window's spans (control, task, trajectory, live)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -106,7 +107,11 @@ class ChatMLRenderer:
             if answer_prefix:
                 tokens += self._tok.tokenize(answer_prefix, parse_special=False)
         return RenderedPrompt(
-            tokens=tokens, query=query, message_spans=spans, system_end=system_end
+            tokens=tokens,
+            query=query,
+            message_spans=spans,
+            system_end=system_end,
+            spans=chat_spans(messages, spans, len(tokens)),
         )
 
     def reply_tokens(
@@ -125,6 +130,22 @@ class ChatMLRenderer:
                 self._cache.clear()
             self._cache[key] = cached
         return cached
+
+
+def chat_spans(
+    messages: Sequence[Message], contents: Sequence[TokenSpan], n_tokens: int
+) -> PromptSpans:
+    """The window's spans from each message's content span: control text up to the first
+    non-system message, the last user message, the trajectory after it, the last message."""
+    first = next((i for i, m in enumerate(messages) if m.role is not Role.SYSTEM), None)
+    users = [i for i, m in enumerate(messages) if m.role is Role.USER]
+    control = TokenSpan(0, contents[first].start) if first is not None else None
+    query = contents[users[-1]] if users else None
+    trajectory = None
+    if users and users[-1] < len(messages) - 1:
+        trajectory = TokenSpan(query.end, n_tokens)
+    live = TokenSpan(contents[-1].start, n_tokens) if contents else None
+    return PromptSpans(control=control, query=query, trajectory=trajectory, live=live)
 
 
 def last_tokens_only(prompt: RenderedPrompt, n_keep: int) -> RenderedPrompt:
@@ -163,10 +184,11 @@ class TemplateRenderer:
         dicts = _dicts(messages)
         if add_generation_prompt:
             built = build_prompt_tokens(self._engine, self._template, dicts)
-            tokens, query = built.tokens, built.query
+            tokens, query, spans = built.tokens, built.query, built.spans
         else:
-            tokens, query = (
+            tokens, query, spans = (
                 self._tokens(self._template.render(dicts, add_generation_prompt=False)),
+                None,
                 None,
             )
         if answer_prefix:
@@ -176,7 +198,7 @@ class TemplateRenderer:
             head = self._tokens(self._template.render(dicts[:1], add_generation_prompt=False))
             if tokens[: len(head)] == head:
                 system_end = len(head)
-        return RenderedPrompt(tokens=tokens, query=query, system_end=system_end)
+        return RenderedPrompt(tokens=tokens, query=query, system_end=system_end, spans=spans)
 
     def reply_tokens(
         self, messages: Sequence[Message], reply: str, prompt: RenderedPrompt

@@ -231,7 +231,12 @@ def ask(engine: BenchEngine, prompt: RenderedPrompt, max_tokens: int) -> Answer:
     """Generate a greedy answer to `prompt` (the session reuses its common prefix)."""
     t0 = time.perf_counter()
     tokens = list(
-        engine.generate(prompt.tokens, query=prompt.query, sampling=GREEDY, max_tokens=max_tokens)
+        engine.generate(
+            prompt.tokens,
+            query=prompt.spans or prompt.query,
+            sampling=GREEDY,
+            max_tokens=max_tokens,
+        )
     )
     turn = engine.last_turn
     return Answer(

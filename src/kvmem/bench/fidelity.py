@@ -31,7 +31,7 @@ from kvmem.bench.engines import (
 from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.bench.transcript import build_transcript, history_through
 from kvmem.cli.kvmem_flags import strict_int
-from kvmem.engine import TokenSpan
+from kvmem.engine import PromptSpans, TokenSpan
 from kvmem.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class ForcedTurn:
 
     index: int
     prompt: list[int]
-    query: TokenSpan | None
+    query: PromptSpans | TokenSpan | None
     continuation: list[int]
     fact_turn: int
 
@@ -111,7 +111,8 @@ def forced_turns(
         continuation = renderer.reply_tokens(history, turn.answer, prompt)
         if len(prompt.tokens) + len(continuation) > target_tokens:
             break
-        out.append(ForcedTurn(t, prompt.tokens, prompt.query, continuation, turn.fact_turn))
+        query = prompt.spans or prompt.query
+        out.append(ForcedTurn(t, prompt.tokens, query, continuation, turn.fact_turn))
     if not out:
         raise ConfigError("--target-tokens", f"{target_tokens} tokens do not hold one turn")
     return out
