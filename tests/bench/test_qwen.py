@@ -73,3 +73,49 @@ def test_cli_loads_qwen_by_name_and_answers(qwen_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "42"
+
+
+@pytest.fixture(scope="module")
+def qwen_engine(qwen_path: Path):
+    from kvmem.bench.engines import BenchSettings, LlamaEngineFactory, Method
+
+    engine = LlamaEngineFactory(BenchSettings(str(qwen_path), n_ctx=2048, n_threads=2)).open(
+        Method.FULL
+    )
+    yield engine
+    engine.close()
+
+
+@pytest.mark.parametrize("layout", ["document", "tools", "agent"])
+def test_needle_span_holds_exactly_the_needle_in_qwens_rendering(qwen_engine, layout: str) -> None:
+    from kvmem.bench.needle import build_prompts
+    from kvmem.bench.needle_data import Layout, NeedleKind, NeedleSpec
+
+    spec = NeedleSpec(NeedleKind.MULTIKEY, Layout(layout), 900, 0.5, 0)
+    [(case, prompt, span)] = build_prompts([spec], qwen_engine)
+    assert span is not None
+    assert qwen_engine.detokenize(prompt.tokens[span.start : span.end]).strip() == case.needle
+    before = qwen_engine.detokenize(prompt.tokens[span.start - 1 : span.start])
+    assert case.needle[:3] not in before
+
+
+def test_agent_loop_case_renders_real_tool_calls_and_full_context_answers(qwen_engine) -> None:
+    from kvmem.bench.engines import ask
+    from kvmem.bench.needle import build_prompts, is_correct
+    from kvmem.bench.needle_data import Layout, NeedleKind, NeedleSpec
+
+    spec = NeedleSpec(NeedleKind.PASSKEY, Layout.AGENT, 900, 0.5, 0)
+    [(case, prompt, _)] = build_prompts([spec], qwen_engine)
+    assert abs(len(prompt.tokens) - 900) < 40
+    tool_call = qwen_engine.tokenize("<tool_call>", parse_special=True)
+    assert len(tool_call) == 1  # Qwen's own special token, in the history and the prefix
+    prefix = qwen_engine.tokenize(case.answer_prefix, parse_special=True)
+    assert prompt.tokens[-len(prefix) :] == prefix and prefix[0] == tool_call[0]
+    rounds = (len(case.messages) - 2) // 2
+    assert prompt.text.count("<tool_call>") == rounds + 2  # + two in the template's tool hint
+    assert prompt.text.count("<tool_response>") == rounds
+    assert prompt.query is not None  # the task, the only user message
+    task = qwen_engine.detokenize(prompt.tokens[prompt.query.start : prompt.query.end])
+    assert task == case.messages[1].content
+    answer = ask(qwen_engine, prompt, 8)
+    assert is_correct(answer.text, case.expected), answer.text

@@ -18,8 +18,8 @@ import json
 from typing import Any
 
 from kvmem.bench.agent_data import Question
-from kvmem.bench.conversation import Message, Role, ToolCall
-from kvmem.bench.needle_agent import call_text
+from kvmem.bench.conversation import Message, Role
+from kvmem.bench.needle_agent import call_text, tool_definition, tool_round
 
 TASK = (
     "Please fill in my profile form for the new assistant app, using what you know about "
@@ -27,39 +27,16 @@ TASK = (
 )
 
 
-def _tool(name: str, description: str, **params: str) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {k: {"type": "string", "description": v} for k, v in params.items()},
-                "required": list(params),
-            },
-        },
-    }
-
-
 TOOLS: list[dict[str, Any]] = [
-    _tool("open_form", "Open one of the user's forms.", form="the form's name"),
-    _tool("next_field", "The next empty field of an open form.", form="the form's name"),
-    _tool(
+    tool_definition("open_form", "Open one of the user's forms.", form="the form's name"),
+    tool_definition("next_field", "The next empty field of an open form.", form="the form's name"),
+    tool_definition(
         "fill_field",
         "Fill in a field of the open form.",
         field="the field's name",
         value="the value",
     ),
 ]
-
-
-def _round(call_id: str, name: str, arguments: dict[str, str], result: str) -> list[Message]:
-    call = ToolCall(id=call_id, name=name, arguments=json.dumps(arguments))
-    return [
-        Message(Role.ASSISTANT, "", tool_calls=(call,)),
-        Message(Role.TOOL, result, tool_call_id=call_id),
-    ]
 
 
 def final_tool_messages(question: Question) -> tuple[list[Message], str]:
@@ -69,8 +46,8 @@ def final_tool_messages(question: Question) -> tuple[list[Message], str]:
     field = json.dumps({"field": question.form_field, "question": question.form_label})
     messages = [
         Message(Role.USER, TASK),
-        *_round("form_0", "open_form", form, opened),
-        *_round("form_1", "next_field", form, field),
+        *tool_round("form_0", "open_form", form, opened),
+        *tool_round("form_1", "next_field", form, field),
     ]
     placeholder = "@VALUE@"
     call = call_text("fill_field", {"field": question.form_field, "value": placeholder})

@@ -20,8 +20,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from kvmem.chat.messages import normalize_messages
-from kvmem.chat.prompt import CharSpan, build_prompt_tokens, tokenize_prompt
-from kvmem.chat.prompt import RenderedPrompt as ChatRenderedPrompt
+from kvmem.chat.prompt import build_prompt_tokens
 from kvmem.chat.template import ChatTemplate
 from kvmem.engine import PromptSpans, TokenSpan
 
@@ -165,10 +164,10 @@ class ChatMLRenderer:
             if at < 0:
                 continue
             whole = self._tok.tokenize(content, parse_special=False)
-            start = _agreeing(self._tok.tokenize(content[:at], parse_special=False), whole)
-            end = _agreeing(
-                self._tok.tokenize(content[: at + len(text)], parse_special=False), whole
-            )
+            before = self._tok.tokenize(content[:at], parse_special=False)
+            upto = self._tok.tokenize(content[: at + len(text)], parse_special=False)
+            start = _token_boundary(before, whole, round_up=False)
+            end = _token_boundary(upto, whole, round_up=True)
             base = prompt.message_spans[i].start
             return TokenSpan(base + start, base + end) if end > start else None
         return None
@@ -228,13 +227,16 @@ def _with_tools(messages: Sequence[Message], tools: Tools | None) -> list[Messag
     return [Message(Role.SYSTEM, section), *messages]
 
 
-def _agreeing(part: Sequence[int], whole: Sequence[int]) -> int:
+def _token_boundary(part: Sequence[int], whole: Sequence[int], round_up: bool) -> int:
+    """Where the text that `part` tokenizes ends in `whole`, in tokens: the tokens both
+    agree on, plus (with `round_up`) the token of `whole` the text ends inside, if any
+    (as when Qwen merges a needle's final "." with the newline after it)."""
     n = 0
     for a, b in zip(part, whole, strict=False):
         if a != b:
             break
         n += 1
-    return n
+    return n + 1 if round_up and n < len(part) else n
 
 
 def last_tokens_only(prompt: RenderedPrompt, n_keep: int) -> RenderedPrompt:
@@ -302,11 +304,20 @@ class TemplateRenderer:
         at = prompt.text.rfind(text)
         if at < 0:
             return None
-        rendered = ChatRenderedPrompt(prompt.text, CharSpan(at, at + len(text)), False)
-        mapped = tokenize_prompt(self._engine, rendered)
-        if prompt.tokens[: len(mapped.tokens)] != mapped.tokens:
-            return None
-        return mapped.query
+        info = self._engine.info
+        body, shift = prompt.text, 0
+        if info.add_bos and info.bos_text and body.startswith(info.bos_text):
+            body, shift = body[len(info.bos_text) :], len(info.bos_text)
+        head = 1 if info.add_bos else 0
+        whole = prompt.tokens[head:]
+
+        def boundary(n_chars: int, round_up: bool) -> int:
+            part = self._engine.tokenize(body[:n_chars], add_special=False, parse_special=True)
+            return head + _token_boundary(part, whole, round_up)
+
+        start = boundary(at - shift, False)
+        end = boundary(at - shift + len(text), True)
+        return TokenSpan(start, end) if end > start else None
 
     def reply_tokens(
         self, messages: Sequence[Message], reply: str, prompt: RenderedPrompt

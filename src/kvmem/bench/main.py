@@ -35,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)"
     )
+    parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="a progress line per case/turn on stderr (without llama.cpp's log)",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (
         synth_cli,
@@ -57,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.WARNING if ns.verbose == 0 else logging.INFO if ns.verbose == 1 else logging.DEBUG
     )
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if ns.progress and level > logging.INFO:
+        logging.getLogger("kvmem.bench").setLevel(logging.INFO)
     try:
         return int(ns.handler(ns))
     except KVMemError as exc:

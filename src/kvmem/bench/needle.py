@@ -370,15 +370,25 @@ def run(ns: argparse.Namespace) -> int:
             "seconds": time.perf_counter() - t0,
         }
 
+    total = len(methods) * len(grid.specs())
+
     def progress(r: NeedleResult) -> None:
         logger.info(
-            "%s %s d=%.2f seed=%d: %s %r",
+            "[%d/%d] %s %s/%s %d d=%.2f seed=%d%s: %s %r (%d tokens, %d cached, stage-in %d)",
+            len(done) + 1,
+            total,
             r.method.value,
+            r.kind.value,
+            r.layout.value,
             r.length,
             r.depth,
             r.seed,
-            r.correct,
+            " oracle" if r.oracle else "",
+            "ok" if r.correct else "MISS",
             r.answer,
+            r.prompt_tokens,
+            r.cached_tokens,
+            r.stage_in_blocks,
         )
         done.append(r)
         write_json(ns.out, "needle.json", payload(done, [], complete=False))

@@ -44,10 +44,14 @@ _LOCKED = (
 # Markup per round (Qwen's template): the assistant header, <tool_call>\n ... \n</tool_call>,
 # the tool result's <|im_start|>user\n<tool_response>\n ... \n</tool_response><|im_end|>.
 _ROUND_MARKUP = 20
-_TOOLS_MARKUP = 120  # the template's text around the tool definitions
+_TOOLS_MARKUP = 60  # the template's text around the tool definitions
+# Counting each line of a result on its own overestimates the joined result by ~1% (Qwen
+# measured at 8K-28K); the haystack budget is scaled up by this much to land on `length`.
+_LINE_COUNT_BIAS = 1.01
 
 
-def _tool(name: str, description: str, **params: str) -> dict[str, Any]:
+def tool_definition(name: str, description: str, **params: str) -> dict[str, Any]:
+    """An OpenAI function tool whose parameters are all required strings."""
     return {
         "type": "function",
         "function": {
@@ -63,10 +67,14 @@ def _tool(name: str, description: str, **params: str) -> dict[str, Any]:
 
 
 TOOLS: list[dict[str, Any]] = [
-    _tool("run_command", "Run a shell command in the repository.", command="the command line"),
-    _tool("query_db", "Run a read-only SQL query on the orders database.", sql="the query"),
-    _tool("read_file", "Read a file of the repository.", path="the file's path"),
-    _tool(
+    tool_definition(
+        "run_command", "Run a shell command in the repository.", command="the command line"
+    ),
+    tool_definition(
+        "query_db", "Run a read-only SQL query on the orders database.", sql="the query"
+    ),
+    tool_definition("read_file", "Read a file of the repository.", path="the file's path"),
+    tool_definition(
         "unlock_vault",
         "Unlock a deploy vault with its pass key.",
         vault="the vault's name",
@@ -113,7 +121,7 @@ def agent_loop_case(
         + _TOOLS_MARKUP
         + 3 * _ROUND_MARKUP
     )
-    budget = max(64, length - overhead)
+    budget = max(64, round((length - overhead) * _LINE_COUNT_BIAS))
 
     def render_call(name: str, key: str, arg: str) -> str:
         return call_text(name, {key: arg})
@@ -121,12 +129,13 @@ def agent_loop_case(
     rounds = tool_rounds(rng, budget, needles, count_tokens, render_call, _ROUND_MARKUP, trim=True)
     messages = [Message(Role.SYSTEM, SYSTEM_PROMPT), Message(Role.USER, task)]
     for i, (name, key, arg, lines) in enumerate(rounds):
-        messages += _round(f"call_{i}", name, {key: arg}, "\n".join(lines))
-    messages += _round(f"call_{len(rounds)}", "run_command", resume, locked)
+        messages += tool_round(f"call_{i}", name, {key: arg}, "\n".join(lines))
+    messages += tool_round(f"call_{len(rounds)}", "run_command", resume, locked)
     return AgentLoop(messages=messages, tools=TOOLS, answer_prefix=prefix)
 
 
-def _round(call_id: str, name: str, arguments: dict[str, str], result: str) -> list[Message]:
+def tool_round(call_id: str, name: str, arguments: dict[str, str], result: str) -> list[Message]:
+    """An assistant message with one OpenAI tool call, and the tool message with its result."""
     call = ToolCall(id=call_id, name=name, arguments=json.dumps(arguments))
     return [
         Message(Role.ASSISTANT, "", tool_calls=(call,)),
