@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from kvmem.bench.engines import Method
-from kvmem.engine import TokenSpan
+from kvmem.engine import PromptSpans, TokenSpan
 
 SPECIALS = {"<|im_start|>": 1, "<|im_end|>": 2}
 N_VOCAB = 256
@@ -114,11 +114,12 @@ class FakeEngine:
         self,
         prompt: Sequence[int],
         *,
-        query: TokenSpan | None = None,
+        query: PromptSpans | TokenSpan | None = None,
         sampling: Any = None,
         max_tokens: int = -1,
     ) -> Iterator[int]:
         self.prompts.append(list(prompt))
+        query = PromptSpans.of(query).query
         text = self.detokenize(self.visible(prompt))
         query_text = self.detokenize(prompt[query.start : query.end]) if query else ""
         answer = self.tokenize(self.answer_fn(text, query_text), parse_special=False)

@@ -105,7 +105,7 @@ def test_next_turns_relayout_and_an_edit_releases_moved_blocks(engines):
     turn1 = base[: 18 * BT + 30]
     out1 = _ask(engine, turn1)
     session = engine.session
-    assert session.window.moved
+    assert session.last_plan.retrieved
     # turn 2 appends: the layout is recomputed for the new tail run, cells stay consistent
     turn2 = turn1 + out1 + base[18 * BT + 30 : 24 * BT]
     out2 = _ask(engine, turn2)
@@ -114,7 +114,8 @@ def test_next_turns_relayout_and_an_edit_releases_moved_blocks(engines):
     assert turn.reprocessed_tokens > 0
     assert context_positions(session) == expected_positions(session)
     # an edit inside the moved blocks' positions: they are released, the rest is rebuilt
-    moved_at = min(session.window.moved.values())
+    first_retrieved = session.last_plan.retrieved[0] * BT
+    moved_at = min(session.window.moved.values(), default=first_retrieved)
     edited = list(turn2 + out2)
     cut = moved_at + 10
     edited[cut] = engine.tokenize(" purple")[0]

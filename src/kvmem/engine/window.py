@@ -353,7 +353,8 @@ class GpuWindow:
         self.transfer.store.drop(result.dropped_blocks)
         if self.index is not None:
             self.index.remove(result.dropped_blocks)
-        self.last_plan = None
+        if not keep_window:
+            self.last_plan = None
         self._seen = {b: p for b, p in self._seen.items() if b < cut}
         return result.dropped_blocks
 
