@@ -72,7 +72,7 @@ class KVMemConfig:
     stream_tokens: int = -1  # newest tokens a prefill chunk sees; -1: budget / 2
     score_layers: tuple[int, ...] = ()  # empty: 8 layers spread over the depth
     score_mode: ScoreMode = ScoreMode.KEY_BOUND
-    score_aggregate: ScoreAggregate = ScoreAggregate.MEAN
+    score_aggregate: ScoreAggregate = ScoreAggregate.MAX
     positions: PositionMode = PositionMode.GATHER
     trace: bool = False
 

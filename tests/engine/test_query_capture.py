@@ -6,6 +6,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
+from kvmem.memory.retrieval_index import default_score_layers
 from kvmem.config import KVMemConfig, QueryPolicy
 from kvmem.engine.context import ContextSettings, LlamaContext
 from kvmem.engine.llama_lib import ggml_base
@@ -99,7 +100,8 @@ def test_session_captures_exactly_the_query_span(smollm2_path):
         engine.teacher_force(prompt, prompt[-1:], query=span)
         q = engine.session.last_query
         info = engine.info
-        assert sorted(q.by_layer) == [1, 5, 9, 13, 17, 21, 25, 29]  # 8 spread of 30 layers
+        assert sorted(q.by_layer) == list(default_score_layers(30))  # 23 spread of 30 layers
+        assert len(q.by_layer) == 23
         assert q.positions.tolist() == list(range(1400, 1480))
         for rows in q.by_layer.values():
             assert rows.shape == (80, info.n_head, info.head_dim) and rows.dtype == np.float32

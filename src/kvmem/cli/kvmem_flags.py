@@ -193,7 +193,7 @@ def add_kvmem_arguments(parser: argparse.ArgumentParser) -> None:
         type=_layer_list,
         default=(),
         metavar="L1,L2,...",
-        help="attention layers used for scoring (default: 8 spread over the depth)",
+        help="attention layers used for scoring (default: layers 1..n-1, 23 spread on deeper models)",
     )
     group.add_argument(
         "--kvmem-trace",

@@ -258,7 +258,9 @@ class GpuWindow:
             score_ms = (time.perf_counter() - ts) * 1e3
         elif ranked:
             method = RetrievalMethod.RECENCY
-        plan = plan_window(self.planner_config(method), request, t.gpu_blocks(), scores)
+        # complete blocks only: the open block (kept partial by a truncation) stays put
+        resident = [b for b in t.gpu_blocks() if b < t.n_complete_blocks]
+        plan = plan_window(self.planner_config(method), request, resident, scores)
         starts = window_layout(set(plan.selected), t.n_complete_blocks, bt, self.positions)
         return Reselection(
             plan, starts, self._replay_start(plan, starts, spans, n_prompt), score_ms

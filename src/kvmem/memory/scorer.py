@@ -42,8 +42,8 @@ class ScoreMode(Enum):
 class ScoreAggregate(Enum):
     """How the per-row attention distributions over blocks become one score per block."""
 
-    MEAN = "mean"  # the mean over query tokens and heads (then layers): the default
-    MAX = "max"  # the largest share any query row gives the block (mean over layers)
+    MEAN = "mean"  # the mean over query tokens and heads (then layers)
+    MAX = "max"  # the largest share any query row gives the block (mean over layers): default
 
 
 @dataclass(slots=True)
