@@ -6,12 +6,12 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from kvmem.memory.retrieval_index import default_score_layers
 from kvmem.config import KVMemConfig, QueryPolicy
 from kvmem.engine.context import ContextSettings, LlamaContext
 from kvmem.engine.llama_lib import ggml_base
 from kvmem.engine.model import LlamaModel
 from kvmem.memory.ggml_types import GgmlType, dequantize_rows
+from kvmem.memory.retrieval_index import default_score_layers
 from kvmem.memory.rope import k_rotation_size, remove_rope, undo_hadamard
 
 from .helpers import filler_tokens, make_engine
