@@ -85,3 +85,11 @@ class EngineNotReadyError(KVMemError):
 
 class BenchServerError(KVMemError):
     """A benchmark's HTTP server answered with an error or could not be reached."""
+
+
+class TurnCancelledError(KVMemError):
+    """A turn's cancel event was set while its prompt was being processed (prefill)."""
+
+
+class ServerShuttingDownError(EngineNotReadyError):
+    """The server received SIGTERM/SIGINT/SIGHUP: queued and running requests end."""

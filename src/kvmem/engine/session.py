@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from kvmem.config import KVMemConfig, QueryPolicy
-from kvmem.errors import ContextLengthExceededError, InvalidRequestError
+from kvmem.errors import ContextLengthExceededError, InvalidRequestError, TurnCancelledError
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.host_store import HostStore
 from kvmem.memory.retrieval_index import RetrievalIndex
@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 
 class KVMemSession:
+    _cancel: threading.Event | None = None  # generate()'s cancel event, for its prefill
+
     def __init__(
         self,
         ctx: LlamaContext,
@@ -99,6 +101,7 @@ class KVMemSession:
         logits_out: list[np.ndarray] | None = None,
         banned_tokens: Sequence[int] = (),
     ) -> Iterator[int]:
+        self._cancel = cancel  # checked before each prefill/replay chunk (_decode)
         stats = self._start_turn(prompt)
         sampler = Sampler(self.ctx.model.vocab, sampling, grammar, banned_tokens)
         finish = FinishReason.STOP
@@ -125,6 +128,7 @@ class KVMemSession:
                     break
                 self._decode([token], stats, want_all_logits=False, gen_start=gen_start)
         finally:
+            self._cancel = None
             sampler.close()
             stats.decode_ms = 0.0 if t0 is None else (time.perf_counter() - t0) * 1e3
             self._end_turn(stats, finish)
@@ -238,6 +242,8 @@ class KVMemSession:
         rows: list[np.ndarray] = []
         captured: dict[int, list[np.ndarray]] = {}
         for c0 in range(0, len(tokens), self.chunk_tokens):
+            if gen_start is None and self._cancel is not None and self._cancel.is_set():
+                raise TurnCancelledError("the turn was cancelled during prompt processing")
             chunk = tokens[c0 : c0 + self.chunk_tokens]
             pos = self.table.n_tokens
             if self.config.enabled:
