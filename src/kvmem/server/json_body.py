@@ -91,8 +91,8 @@ def check_value(value: Any) -> None:
             continue
         if depth > MAX_DEPTH:
             raise InvalidRequestError(
-                f"the request body is nested too deeply at '{path}' (at most {MAX_DEPTH} levels)",
-                path or None,
+                f"the request body is nested too deeply at '{path[:200]}' "
+                f"(at most {MAX_DEPTH} levels)"
             )
         if isinstance(node, dict):
             for key, item in node.items():
