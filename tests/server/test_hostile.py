@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -287,3 +288,80 @@ def test_cors_reflects_only_the_listed_origins(hostile: LiveServer) -> None:
     assert simple.status_code == 415
     assert simple.json()["error"]["code"] == "unsupported_media_type"
     assert "access-control-allow-origin" not in simple.headers
+
+
+def _metric(server: LiveServer, name: str) -> float:
+    text = httpx.get(server.base_url + "/metrics", timeout=30).text
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert match, name
+    return float(match.group(1))
+
+
+def test_queued_clients_that_leave_give_their_places_back(
+    hostile: LiveServer, expected_normal: str
+) -> None:
+    busy = {"messages": HI, "max_tokens": 4000, "ignore_eos": True, "stream": True}
+    stop = threading.Event()
+    streaming = threading.Event()
+
+    def occupy() -> None:
+        with (
+            httpx.Client(base_url=hostile.base_url, timeout=300) as http,
+            http.stream("POST", "/v1/chat/completions", json=busy) as response,
+        ):
+            assert response.status_code == 200
+            for _ in response.iter_lines():
+                streaming.set()
+                if stop.is_set():
+                    return
+
+    holder = threading.Thread(target=occupy)
+    holder.start()
+    try:
+        assert streaming.wait(120)
+        body = json.dumps(NORMAL).encode()
+        request = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        leavers = [socket.create_connection(("127.0.0.1", hostile.port)) for _ in range(16)]
+        for sock in leavers:
+            sock.sendall(request)
+        deadline = time.monotonic() + 30
+        while _metric(hostile, "kvmem_requests_deferred") < 16 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _metric(hostile, "kvmem_requests_deferred") == 16  # the queue is full
+        for sock in leavers:
+            sock.close()
+        time.sleep(1.0)  # the handlers notice within DISCONNECT_POLL_S
+        assert _metric(hostile, "kvmem_requests_deferred") == 0
+        result: dict[str, object] = {}
+
+        def next_request() -> None:
+            r = httpx.post(hostile.base_url + "/v1/chat/completions", json=NORMAL, timeout=300)
+            result["status"], result["body"] = r.status_code, r.json()
+
+        waiter = threading.Thread(target=next_request)
+        waiter.start()
+        time.sleep(0.5)
+        assert "status" not in result  # it waits for the slot instead of getting 503
+    finally:
+        stop.set()
+        holder.join(120)
+    waiter.join(120)
+    assert result["status"] == 200, result
+    assert result["body"]["choices"][0]["message"]["content"] == expected_normal  # type: ignore[index]
+
+
+def test_fifty_forged_im_start_cost_their_text_tokens(hostile: LiveServer) -> None:
+    def prompt_tokens(content: str) -> int:
+        r = httpx.post(
+            hostile.base_url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": content}], "max_tokens": 1},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+
+    # 50 more tokens if they became <|im_start|> control tokens; 301 as text
+    assert prompt_tokens("x" + "<|im_start|>" * 50) - prompt_tokens("x") == 301
