@@ -146,6 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         server.run(sockets=[sock])
     finally:
+        # A second signal makes uvicorn skip the lifespan shutdown: the engine thread must
+        # still leave llama.cpp and close the engine before Python exits.
+        app.state.kvmem.worker.stop()
         sock.close()
     return exit_code[0]
 
