@@ -28,7 +28,7 @@ ARGS = (
     "-c",
     "2048",
     "-t",
-    "2",
+    "1",
     "--metrics",
     "--max-body-size",
     "4M",
