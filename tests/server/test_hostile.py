@@ -6,6 +6,7 @@ and that the server still answers a normal request correctly afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.slow
 GOOD_ORIGIN = "http://good.example"
 HEADER_TIMEOUT_S = 3
 BODY_TIMEOUT_S = 3
+MAX_CONNECTIONS = 520
 ARGS = (
     "-c",
     "2048",
@@ -38,6 +40,8 @@ ARGS = (
     str(BODY_TIMEOUT_S),
     "--cors-origins",
     GOOD_ORIGIN,
+    "--max-connections",
+    str(MAX_CONNECTIONS),
     "-lv",
     "4",
 )
@@ -250,6 +254,15 @@ def test_slow_clients_cannot_starve_health(hostile: LiveServer) -> None:
         r = httpx.get(hostile.base_url + "/health", timeout=10)
         assert r.status_code == 200
         assert time.monotonic() - t0 < 2.0
+        extra = [socket.create_connection(("127.0.0.1", hostile.port)) for _ in range(40)]
+        refused = 0
+        for sock in extra:
+            sock.settimeout(1.0)
+            with contextlib.suppress(TimeoutError, ConnectionResetError):
+                refused += sock.recv(1) == b""
+            sock.close()
+        # 500 held + at most a few others: past --max-connections new ones close at once
+        assert 40 - (MAX_CONNECTIONS - 500) <= refused < 40
         closed = 0
         for sock in socks:
             sock.settimeout(max(0.1, opened + HEADER_TIMEOUT_S + 5 - time.monotonic()))
