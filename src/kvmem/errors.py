@@ -88,4 +88,8 @@ class BenchServerError(KVMemError):
 
 
 class TurnCancelledError(KVMemError):
-    """The caller cancelled the turn (client gone, shutdown) while it was prefilling."""
+    """A turn's cancel event was set while its prompt was being processed (prefill)."""
+
+
+class ServerShuttingDownError(EngineNotReadyError):
+    """The server received SIGTERM/SIGINT/SIGHUP: queued and running requests end."""

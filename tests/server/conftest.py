@@ -183,6 +183,8 @@ def auth_server(server_logs: Path) -> Iterator[LiveServer]:
             "-t",
             "2",
             "--metrics",
+            "--cors-origins",
+            "http://localhost:3000",
         ],
         server_logs,
         env={"LLAMA_API_KEY": AUTH_KEY_ENV},

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvmem.chat.template import CHATML_TEMPLATE
+from kvmem.errors import InvalidRequestError
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,11 @@ class FakeEngine:
     ) -> list[int]:
         head = [self.info.bos_token_id] if add_special and self.info.add_bos else []
         return head + [ord(c) for c in text]
+
+    def check_grammar(self, grammar: str) -> None:
+        """Like llama.cpp's parser for the one thing tests need: a grammar has a root rule."""
+        if "root ::=" not in grammar:
+            raise InvalidRequestError("the grammar could not be parsed", param="grammar")
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return "".join(chr(t) for t in tokens)

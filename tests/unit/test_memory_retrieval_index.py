@@ -206,7 +206,17 @@ def test_add_blocks_batched_equals_one_by_one(k_type: GgmlType) -> None:
 def test_default_score_layers() -> None:
     assert default_score_layers(24) == tuple(range(1, 24))
     assert default_score_layers(30) == (1, 2, 4, 5, 6, 7, 9, 10, 11, 12, 14, 15) + (
-        16, 18, 19, 20, 21, 23, 24, 25, 26, 28, 29
+        16,
+        18,
+        19,
+        20,
+        21,
+        23,
+        24,
+        25,
+        26,
+        28,
+        29,
     )
     assert default_score_layers(36, count=8) == (1, 6, 11, 16, 20, 25, 30, 35)
     assert default_score_layers(9) == tuple(range(1, 9))

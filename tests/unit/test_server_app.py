@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from kvmem.cli.api_keys import ApiKeys
 from kvmem.server.app import create_app
+from kvmem.server.limits import ServerLimits
 from kvmem.server.settings import ServerSettings
 from tests.server.app_helpers import PROMPT, USER, settings, sse_events, wait_ready
 from tests.server.fake_engine import FakeEngine, FakeInfo
@@ -251,7 +252,13 @@ def test_auth_matrix(engine: FakeEngine, tmp_path: Path) -> None:
     ui = tmp_path / "ui"
     ui.mkdir()
     (ui / "index.html").write_text("<html>chat</html>")
-    s = settings(api_keys=ApiKeys(("sk-a", "sk-b")), ui=True, ui_dir=str(ui), metrics=True)
+    s = settings(
+        api_keys=ApiKeys(("sk-a", "sk-b")),
+        ui=True,
+        ui_dir=str(ui),
+        metrics=True,
+        limits=ServerLimits(cors_origins=("http://example.com",)),
+    )
     with TestClient(create_app(s, lambda _: engine)) as c:
         wait_ready(c)
         for path in ("/v1/models", "/props", "/metrics"):

@@ -11,7 +11,12 @@ import pytest
 from kvmem.chat.prompt import RenderedPrompt
 from kvmem.chat.turn import ChatFinish, TurnDone
 from kvmem.engine import SamplingParams
-from kvmem.errors import EngineNotReadyError, ModelLoadError, QueueFullError
+from kvmem.errors import (
+    EngineNotReadyError,
+    ModelLoadError,
+    QueueFullError,
+    ServerShuttingDownError,
+)
 from kvmem.server.channel import JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob
 from kvmem.server.metrics import ServerMetrics
@@ -108,4 +113,38 @@ def test_load_failure_is_reported() -> None:
     assert worker.state is WorkerState.FAILED
     assert [str(e) for e in failures] == ["bad weights"]
     with pytest.raises(EngineNotReadyError):
+        worker.submit(job())
+
+
+def test_a_withdrawn_waiting_job_frees_its_queue_place_at_once() -> None:
+    engine = FakeEngine(replies=lambda prompt: "x" * 200, token_delay_s=0.01)
+    worker = ready_worker(engine, queue_size=1)
+    running, leaver, next_one = job("run"), job("leave"), job("next")
+    worker.submit(running)
+    assert engine.started.wait(5)
+    worker.submit(leaver)
+    with pytest.raises(QueueFullError):
+        worker.submit(job("refused"))
+    leaver.cancel.set()
+    worker.withdraw(leaver)
+    assert worker.waiting == 0
+    worker.submit(next_one)  # the place is free again while the first job still runs
+    running.cancel.set()
+    assert next_one.channel.done.wait(10)  # type: ignore[attr-defined]
+    assert leaver.channel.items == []  # type: ignore[attr-defined]
+    worker.stop()
+
+
+def test_shutdown_answers_waiting_jobs_with_shutting_down() -> None:
+    engine = FakeEngine(replies=lambda prompt: "y" * 1000, token_delay_s=0.005)
+    worker = ready_worker(engine)
+    running, waiting = job("run"), job("wait")
+    worker.submit(running)
+    assert engine.started.wait(5)
+    worker.submit(waiting)
+    worker.stop()
+    assert not worker._thread.is_alive() and engine.closed
+    (failed,) = waiting.channel.items  # type: ignore[attr-defined]
+    assert isinstance(failed, JobFailed) and isinstance(failed.error, ServerShuttingDownError)
+    with pytest.raises(ServerShuttingDownError):
         worker.submit(job())

@@ -16,6 +16,7 @@ import json
 import re
 from typing import Any
 
+from kvmem.chat.schema_check import check_grammar_text, check_schema
 from kvmem.errors import InvalidRequestError
 
 _PRIMITIVES = {
@@ -68,6 +69,7 @@ class GrammarBuilder:
         self._rules: dict[str, str] = {}
         self._root_schema = root_schema or {}
         self._refs_done: set[str] = set()
+        self._chains: dict[tuple[str, tuple[str, ...]], str] = {}
 
     def primitive(self, name: str) -> str:
         if name not in self._rules:
@@ -156,12 +158,17 @@ class GrammarBuilder:
         return self.add(hint, body + ' "}"')
 
     def _optional_chain(self, keys: list[str], kv: dict[str, str], hint: str) -> str:
+        # memoized per (hint, keys): without it the alternatives take 2**len(keys) calls
+        memo_key = (hint, tuple(keys))
+        if memo_key in self._chains:
+            return self._chains[memo_key]
         first, rest = keys[0], keys[1:]
         if not rest:
             return kv[first]
         tail = " | ".join(self._optional_chain(rest[i:], kv, hint) for i in range(len(rest)))
         rest_rule = self.add(f"{hint}-{first}-rest", f'( ", " ( {tail} ) )?')
-        return f"{kv[first]} {rest_rule}"
+        self._chains[memo_key] = f"{kv[first]} {rest_rule}"
+        return self._chains[memo_key]
 
     def _array(self, schema: dict[str, Any], hint: str) -> str:
         if isinstance(schema.get("prefixItems"), list):
@@ -216,10 +223,17 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def json_schema_grammar(schema: Any) -> str:
-    """A complete grammar whose root is a JSON value matching `schema`."""
+def json_schema_grammar(schema: Any, param: str = "response_format") -> str:
+    """A complete grammar whose root is a JSON value matching `schema` (checked first by
+    `kvmem.chat.schema_check`; InvalidRequestError naming the keyword otherwise)."""
+    check_schema(schema, param)
     builder = GrammarBuilder(schema if isinstance(schema, dict) else None)
-    return builder.render(builder.schema(schema, "root-value"))
+    try:
+        grammar = builder.render(builder.schema(schema, "root-value"))
+    except RecursionError:
+        raise InvalidRequestError("the JSON schema's references nest too deeply", param) from None
+    check_grammar_text(grammar, param)
+    return grammar
 
 
 def json_object_grammar() -> str:

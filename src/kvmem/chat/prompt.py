@@ -4,18 +4,25 @@ The spans: the control text (everything before the first non-system message: the
 prompt and the tool definitions), the task (the last role=user message), the live
 trajectory after it (assistant tool calls and tool results) and the last message. The
 task is located by rendering the conversation up to and including it; each character
-span is mapped onto the tokens of the whole prompt. The whole prompt is tokenized in one piece
-(so that the next turn, which renders the same prefix, tokenizes it identically and the
-session reuses its KV); the span's token boundaries are where the tokenizations of the
-text before the span and of the text up to its end stop agreeing with the whole.
+span is mapped onto the tokens of the prompt.
+
+Tokenization happens once per request. Only the template's own control tokens are special
+(`kvmem.chat.markup` finds them); every other character, including a control-token text
+typed in a message, is tokenized as plain text. The prompt is cut at the markup tokens
+(where llama.cpp's tokenizer cuts it anyway) and each piece is tokenized on its own, so a
+prompt without forged tokens gets exactly the tokens a whole-text tokenization gives, and
+the next turn, which renders the same prefix, gets the same prefix tokens (KV reuse).
+The query span's token boundaries come from the tokens' byte lengths.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvmem.chat.markup import markup_spans, special_pattern
 from kvmem.chat.messages import last_user_index, normalize_messages
 from kvmem.chat.protocol import ChatEngine
 from kvmem.chat.reasoning import prompt_opens_reasoning
@@ -40,6 +47,7 @@ class RenderedPrompt:
     control_end: int | None = None  # the control text is text[:control_end]
     live_start: int | None = None  # the last message's text starts here
     has_trajectory: bool = False  # messages follow the last user message
+    markup: tuple[tuple[int, int], ...] = ()  # the template's control tokens in `text`
 
 
 @dataclass(slots=True)
@@ -62,6 +70,16 @@ def render_prompt(
     kwargs = template_kwargs or {}
     text = template.render(messages, add_generation_prompt=True, tools=tools, **kwargs)
     index = last_user_index(messages)
+
+    def render_neutral(transform: Callable[[Any], Any]) -> str:
+        return template.render(
+            transform(messages),
+            add_generation_prompt=True,
+            tools=transform(tools),
+            **transform(kwargs),
+        )
+
+    pattern = special_pattern(getattr(template, "special_texts", ()))
     return RenderedPrompt(
         text=text,
         query_chars=_query_chars(template, messages, text, tools, kwargs),
@@ -69,6 +87,7 @@ def render_prompt(
         control_end=_control_end(template, messages, text, tools, kwargs),
         live_start=_content_start(text, messages[-1]),
         has_trajectory=index is not None and index < len(messages) - 1,
+        markup=markup_spans(text, pattern, (messages, tools, kwargs), render_neutral),
     )
 
 
@@ -138,50 +157,81 @@ def _query_chars(
 
 
 def tokenize_prompt(engine: ChatEngine, rendered: RenderedPrompt) -> PromptTokens:
-    """Tokenize a rendered prompt (BOS added once, as llama.cpp does) and map the query span."""
+    """Tokenize a rendered prompt once (BOS added once, as llama.cpp does): the markup
+    spans as special tokens, everything else as plain text; map the query span."""
     info = engine.info
     text = rendered.text
     shift = 0
     if info.add_bos and info.bos_text and text.startswith(info.bos_text):
-        text = text[len(info.bos_text) :]  # the template wrote BOS itself; add it as a token
-        shift = len(info.bos_text)
-    head = [info.bos_token_id] if info.add_bos else []
-    body = engine.tokenize(text, add_special=False, parse_special=True)
-    n = len(head) + len(body)
+        shift = len(info.bos_text)  # the template wrote BOS itself; add it as a token
+    tokens = [info.bos_token_id] if info.add_bos else []
+    pieces: list[_Piece] = []
+    pos = shift
+    for start, end in rendered.markup:
+        if start < pos:
+            continue
+        if start > pos:
+            pieces.append(_plain(engine, text, pos, start, tokens))
+        special = engine.tokenize(text[start:end], add_special=False, parse_special=True)
+        pieces.append(_Piece(start, end, len(tokens), len(tokens) + len(special), True))
+        tokens += special
+        pos = end
+    if pos < len(text):
+        pieces.append(_plain(engine, text, pos, len(text), tokens))
+    n = len(tokens)
 
     def token_at(char: int | None) -> int | None:
-        """The token index where text position `char` (of the rendered text) falls."""
-        if char is None or not 0 <= char - shift <= len(text):
-            return None
-        return _agreeing_prefix(engine, text[: char - shift], body) + len(head)
+        return None if char is None else _token_at(engine, text, pieces, tokens, char)
 
     query = None
     if rendered.query_chars is not None:
         t0, t1 = token_at(rendered.query_chars.start), token_at(rendered.query_chars.end)
         if t0 is not None and t1 is not None and t1 > t0:
             query = TokenSpan(t0, t1)
-    control_end = token_at(rendered.control_end)
-    live = token_at(rendered.live_start)
+    control_end, live = token_at(rendered.control_end), token_at(rendered.live_start)
     spans = PromptSpans(
         control=TokenSpan(0, control_end) if control_end else None,
         query=query,
         trajectory=TokenSpan(query.end, n) if query and rendered.has_trajectory else None,
         live=TokenSpan(live, n) if live is not None and live < n else None,
     )
-    return PromptTokens(head + body, query, rendered.text, rendered.opens_reasoning, spans)
+    return PromptTokens(tokens, query, rendered.text, rendered.opens_reasoning, spans)
 
 
-def _agreeing_prefix(engine: ChatEngine, prefix_text: str, tokens: list[int]) -> int:
-    """How many leading `tokens` the tokenization of `prefix_text` reproduces."""
-    if not prefix_text:
-        return 0
-    part = engine.tokenize(prefix_text, add_special=False, parse_special=True)
-    n = 0
-    for a, b in zip(part, tokens, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    start: int  # characters of the rendered text
+    end: int
+    t0: int  # its tokens in the prompt
+    t1: int
+    special: bool
+
+
+def _plain(engine: ChatEngine, text: str, start: int, end: int, tokens: list[int]) -> _Piece:
+    part = engine.tokenize(text[start:end], add_special=False, parse_special=False)
+    piece = _Piece(start, end, len(tokens), len(tokens) + len(part), False)
+    tokens += part
+    return piece
+
+
+def _token_at(
+    engine: ChatEngine, text: str, pieces: list[_Piece], tokens: list[int], offset: int
+) -> int:
+    """The index of the first token that ends after character `offset` (len(tokens) at
+    the end): tokens [token_at(a), token_at(b)) cover the characters [a, b)."""
+    for piece in pieces:
+        if offset >= piece.end:
+            continue
+        if offset <= piece.start or piece.special:
+            return piece.t0
+        target = len(text[piece.start : offset].encode("utf-8"))
+        consumed = 0
+        for i in range(piece.t0, piece.t1):
+            consumed += len(engine.token_bytes(tokens[i]))
+            if consumed > target:
+                return i
+        return piece.t1
+    return len(tokens)
 
 
 def build_prompt_tokens(

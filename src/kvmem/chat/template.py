@@ -90,10 +90,20 @@ def check_template_source(source: str, flag: str) -> None:
 class ChatTemplate:
     """A compiled chat template with its capabilities, tool format and thinking tags."""
 
-    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
+    def __init__(
+        self,
+        source: str,
+        *,
+        bos_token: str = "",
+        eos_token: str = "",
+        special_texts: tuple[str, ...] = (),
+    ) -> None:
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        # the vocabulary's control-token texts: only the template's own occurrences are
+        # tokenized as special tokens (kvmem.chat.markup)
+        self.special_texts = tuple(t for t in special_texts if t)
         try:
             self._template = _environment().from_string(source)
         except jinja2.exceptions.TemplateSyntaxError as exc:
@@ -111,7 +121,12 @@ class ChatTemplate:
             source = resolve_template_source(override)
         else:
             source = info.chat_template or CHATML_TEMPLATE
-        return cls(source, bos_token=info.bos_text, eos_token=info.eos_text)
+        return cls(
+            source,
+            bos_token=info.bos_text,
+            eos_token=info.eos_text,
+            special_texts=tuple(getattr(info, "special_texts", ())),
+        )
 
     def render(
         self,

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from kvmem.chat.json_grammar import GrammarBuilder, gbnf_literal
+from kvmem.chat.schema_check import check_grammar_text, check_schema
 from kvmem.chat.tool_calls import ToolFormat
 
 
@@ -25,6 +26,14 @@ def tool_call_grammar(
     """A grammar for one call of `tools` (just `only`, when given); several with `parallel`."""
     fns = _functions(tools, only)
     assert fns, "the request validation guarantees at least one matching function"
+    for fn in fns:
+        check_schema(fn.get("parameters") or {"type": "object"}, "tools")
+    grammar = _tool_call_grammar(fmt, fns, parallel)
+    check_grammar_text(grammar, "tools")
+    return grammar
+
+
+def _tool_call_grammar(fmt: ToolFormat, fns: list[dict[str, Any]], parallel: bool) -> str:
     builder = GrammarBuilder()
     alts = []
     for i, fn in enumerate(fns):

@@ -19,6 +19,7 @@ from kvmem.cli.env_args import MISSING, EnvBinding, check_env_names, read_env_va
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, add_kvmem_arguments, strict_int
 from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import parse_kv_type
+from kvmem.server import limits as lim
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,19 @@ SERVER_FLAGS: tuple[FlagSpec, ...] = (
       t.float_in_range(-2.0, 2.0), 0.0, "LLAMA_ARG_PRESENCE_PENALTY", metavar="X"),
     F(("--frequency-penalty",), "frequency_penalty", "default frequency penalty",
       t.float_in_range(-2.0, 2.0), 0.0, "LLAMA_ARG_FREQUENCY_PENALTY", metavar="X"),
+    # resource bounds and browser safety (kvmem.server.limits)
+    F(("--max-body-size",), "max_body_size", "largest request body (bytes, or K/M/G)",
+      lim.byte_size, lim.DEFAULT_MAX_BODY_BYTES, metavar="SIZE", shown_default="32M"),
+    F(("--header-timeout",), "header_timeout", "seconds a connection may take to send its headers",
+      lim.seconds, lim.DEFAULT_HEADER_TIMEOUT_S, metavar="S"),
+    F(("--body-timeout",), "body_timeout", "seconds a request may take to send its body",
+      lim.seconds, lim.DEFAULT_BODY_TIMEOUT_S, metavar="S"),
+    F(("--keep-alive-timeout",), "keep_alive_timeout", "seconds an idle keep-alive connection stays",
+      lim.seconds, lim.DEFAULT_KEEP_ALIVE_TIMEOUT_S, metavar="S"),
+    F(("--max-connections",), "max_connections", "open connections before new ones are closed",
+      t.int_in_range(2, 1_000_000), lim.DEFAULT_MAX_CONNECTIONS, metavar="N"),
+    F(("--cors-origins",), "cors_origins", "origins allowed cross-origin: a comma list, or '*'",
+      lim.cors_origins, (), metavar="LIST", shown_default="none: same-origin only"),
 )
 # fmt: on
 

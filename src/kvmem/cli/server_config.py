@@ -20,6 +20,7 @@ from kvmem.cli.server_args import ParsedArgs, parse_server_argv
 from kvmem.engine import EngineSettings, SamplingParams
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
+from kvmem.server.limits import ServerLimits
 from kvmem.server.settings import ServerSettings, Source
 
 logger = logging.getLogger(__name__)
@@ -187,6 +188,14 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         main_gpu=int(v["main_gpu"]),
         tensor_split=v["tensor_split"],
         sources=sources,
+        limits=ServerLimits(
+            max_body_bytes=int(v["max_body_size"]),
+            header_timeout_s=float(v["header_timeout"]),
+            body_timeout_s=float(v["body_timeout"]),
+            keep_alive_timeout_s=float(v["keep_alive_timeout"]),
+            max_connections=int(v["max_connections"]),
+            cors_origins=tuple(v["cors_origins"]),
+        ),
     )
 
 

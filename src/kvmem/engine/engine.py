@@ -26,7 +26,7 @@ from .context import ContextSettings, LlamaContext
 from .llama_lib import ggml_base
 from .model import LlamaModel, ModelInfo, resolve_model_path
 from .query_capture import QueryCapture
-from .sampler import SamplingParams
+from .sampler import Sampler, SamplingParams
 from .session import KVMemSession
 from .trace import EngineStats, Tracer, TurnStats
 from .window import TokenSpan
@@ -146,6 +146,10 @@ class Engine:
                 self.model.vocab, data, len(data), buf, -n, add_special, parse_special
             )
         return list(buf[:n])
+
+    def check_grammar(self, grammar: str) -> None:
+        """InvalidRequestError(param=grammar) unless llama.cpp parses `grammar`."""
+        Sampler.check_grammar(self.model.vocab, grammar)
 
     def token_bytes(self, token: int) -> bytes:
         return self.model.piece(token, special=False)

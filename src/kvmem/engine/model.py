@@ -8,6 +8,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 
@@ -74,6 +75,9 @@ class ModelInfo:
     bos_text: str
     eos_text: str
     add_bos: bool
+    # the texts of the control/user-defined tokens (template markup such as <|im_start|>)
+    special_texts: tuple[str, ...] = ()
+    max_token_chars: int = 0  # the longest token text in bytes (>= characters per token)
 
 
 class LlamaModel:
@@ -144,7 +148,20 @@ class LlamaModel:
             bos_text=self.piece_text(bos) if bos >= 0 else "",
             eos_text=self.piece_text(eos) if eos >= 0 else "",
             add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self.vocab)),
+            **self._token_facts(),
         )
+
+    def _token_facts(self) -> dict[str, Any]:
+        """special_texts and max_token_chars, from one pass over the vocabulary."""
+        special_attrs = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+        texts: list[str] = []
+        longest = 1
+        for token in range(llama_cpp.llama_vocab_n_tokens(self.vocab)):
+            piece = self.piece(token, special=True)
+            longest = max(longest, len(piece))
+            if llama_cpp.llama_vocab_get_attr(self.vocab, token) & special_attrs and piece:
+                texts.append(piece.decode("utf-8", "replace"))
+        return {"special_texts": tuple(sorted(set(texts))), "max_token_chars": longest}
 
     def _rope_params(self, arch: str, head_dim: int) -> RopeParams | None:
         rope_type = _ROPE_TYPES.get(llama_cpp.llama_model_rope_type(self.ptr))

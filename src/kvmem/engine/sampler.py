@@ -92,6 +92,14 @@ class Sampler:
             raise InvalidRequestError("the grammar could not be parsed", param="grammar")
         self._add(g)
 
+    @staticmethod
+    def check_grammar(vocab, grammar: str) -> None:
+        """Parse `grammar` once (and free it): InvalidRequestError when llama.cpp refuses it."""
+        g = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+        if not g:
+            raise InvalidRequestError("the grammar could not be parsed", param="grammar")
+        llama_cpp.llama_sampler_free(g)
+
     def sample(self, ctx_ptr, index: int = -1) -> int:
         """Sample from output row `index` and accept the token into the chain."""
         return int(llama_cpp.llama_sampler_sample(self.ptr, ctx_ptr, index))

@@ -115,6 +115,7 @@ class KVMemSession:
         logits_out: list[np.ndarray] | None = None,
         banned_tokens: Sequence[int] = (),
     ) -> Iterator[int]:
+        self._cancel = cancel  # checked before each prefill/replay chunk (_decode)
         stats = self._start_turn(prompt)
         sampler = Sampler(self.ctx.model.vocab, sampling, grammar, banned_tokens)
         finish = FinishReason.STOP
@@ -314,8 +315,8 @@ class KVMemSession:
                 else self.chunk_tokens
             )
             chunk = tokens[c0 : c0 + size]
-            if self._cancel is not None and self._cancel.is_set():
-                raise TurnCancelledError("the request was cancelled")
+            if gen_start is None and self._cancel is not None and self._cancel.is_set():
+                raise TurnCancelledError("the turn was cancelled during prompt processing")
             if self.config.enabled and spans is not None:
                 self.window.stream_to(pos, spans, self.capacity - self.chunk_tokens, stats)
             elif self.config.enabled:

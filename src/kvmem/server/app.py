@@ -20,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from kvmem.chat.protocol import ChatEngine, ModelInfoLike
 from kvmem.chat.template import ChatTemplate
 from kvmem.server.auth import ApiKeyChecker
+from kvmem.server.body_guard import BodyGuard, cors_options
 from kvmem.server.error_map import install_error_handlers
 from kvmem.server.metrics import ServerMetrics
 from kvmem.server.routes import api_router, health_router
@@ -108,13 +109,19 @@ def create_app(
     )
     app.state.kvmem = state
     app.state.auth = ApiKeyChecker(settings.api_keys)
+    limits = settings.limits
+
+    def on_error(exc: BaseException) -> None:
+        metrics.record_failure()
+        logger.error("unexpected server error", exc_info=exc)
+
     app.add_middleware(
-        CORSMiddleware,
-        allow_origins=["*"],
-        allow_methods=["*"],
-        allow_headers=["*"],
-        allow_credentials=False,
+        BodyGuard,
+        max_body_bytes=limits.max_body_bytes,
+        body_timeout_s=limits.body_timeout_s,
+        on_error=on_error,
     )
+    app.add_middleware(CORSMiddleware, **cors_options(limits.cors_origins))
     install_error_handlers(app)
     app.include_router(health_router)
     app.include_router(api_router)

@@ -19,6 +19,7 @@ from kvmem.errors import (
     InvalidRequestError,
     KVMemError,
     QueueFullError,
+    ServerShuttingDownError,
     TemplateError,
 )
 
@@ -45,6 +46,10 @@ _BY_TYPE: tuple[tuple[type[BaseException], HttpError], ...] = (
     (TemplateError, HttpError(400, "invalid_request_error", "template_error")),
     (AuthenticationError, HttpError(401, "authentication_error", "invalid_api_key")),
     (QueueFullError, HttpError(503, "server_error", "queue_full", {"Retry-After": RETRY_AFTER_S})),
+    (
+        ServerShuttingDownError,
+        HttpError(503, "unavailable_error", "shutting_down", {"Connection": "close"}),
+    ),
     (
         EngineNotReadyError,
         HttpError(503, "unavailable_error", "model_loading", {"Retry-After": RETRY_AFTER_S}),
@@ -78,6 +83,12 @@ def error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse(body, status_code=error.status, headers=error.headers)
 
 
+def failed_response(exc: BaseException) -> JSONResponse:
+    """The response for a job the engine worker failed (it has logged and counted it)."""
+    error, body = error_payload(exc)
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
+
+
 def envelope(status: int, message: str, type_: str, code: str | None = None) -> JSONResponse:
     body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
     return JSONResponse(body, status_code=status)
@@ -95,11 +106,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
         return envelope(400, f"invalid request: {exc}", "invalid_request_error", "invalid_request")
 
-    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unexpected server error", exc_info=exc)
-        return error_response(exc)
-
     app.add_exception_handler(KVMemError, on_kvmem_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
-    app.add_exception_handler(Exception, on_unexpected)
+    # Any other exception is a bug: BodyGuard (server/body_guard.py) logs it once with its
+    # traceback, counts it in kvmem_requests_failed_total and answers 500 in the envelope.

@@ -3,8 +3,10 @@
 Order: configuration and files are validated (exit 2 on a bad flag or variable, 1 on a
 missing model), the `KVMEM_STARTUP requested=` record is written, the port is bound (a
 failure names the address and exits 1), then uvicorn starts and the model loads in the
-engine thread; `KVMEM_STARTUP ready=` follows once it has loaded. SIGINT/SIGTERM cancel
-the running generation and shut down cleanly (exit 0).
+engine thread; `KVMEM_STARTUP ready=` follows once it has loaded. SIGINT, SIGTERM and
+SIGHUP cancel the running generation (a prefill stops at its next chunk), answer queued
+requests with 503, let the streams end with a final chunk and [DONE], wait for the engine
+thread to leave llama.cpp and close the engine, and exit 0.
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ from kvmem.cli.server_config import load_server_settings
 from kvmem.engine import resolve_model_path
 from kvmem.errors import ConfigError, ModelNotFoundError
 from kvmem.server.app import create_app
+from kvmem.server.connection_guard import (
+    effective_connection_limit,
+    guarded_protocol,
+    raise_fd_limit,
+)
+from kvmem.server.log_redact import install_access_log_redaction
 from kvmem.server.startup import (
     bind_socket,
     configure_logging,
@@ -58,7 +66,8 @@ class _Server(uvicorn.Server):
             yield
             return
         original = {
-            sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)
+            sig: signal.signal(sig, self.handle_exit)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         }
         try:
             yield
@@ -113,12 +122,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     logger.info("loading model %s", settings.engine.model_path)
     app = create_app(settings, on_ready=on_ready, on_failed=on_failed)
+    limits = settings.limits
+    max_connections = effective_connection_limit(limits.max_connections, raise_fd_limit())
+    if max_connections < limits.max_connections:
+        logger.warning(
+            "--max-connections %d exceeds the file-descriptor limit: using %d",
+            limits.max_connections,
+            max_connections,
+        )
+    install_access_log_redaction()
     config = uvicorn.Config(
         app,
         log_config=None,
         access_log=settings.verbosity >= 4,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=max(1, round(limits.keep_alive_timeout_s)),
+        http=guarded_protocol(limits.header_timeout_s, max_connections),
         ws="none",
     )
     server = _Server(config, on_signal=lambda: app.state.kvmem.worker.cancel_all())
@@ -126,6 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         server.run(sockets=[sock])
     finally:
+        # A second signal makes uvicorn skip the lifespan shutdown: the engine thread must
+        # still leave llama.cpp and close the engine before Python exits.
+        app.state.kvmem.worker.stop()
         sock.close()
     return exit_code[0]
 

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from kvmem.chat.turn import TurnDone
-from kvmem.errors import EngineNotReadyError, InvalidRequestError
+from kvmem.errors import EngineNotReadyError, ServerShuttingDownError
 from kvmem.server.auth import require_api_key
 from kvmem.server.channel import EventChannel, JobFailed
 from kvmem.server.chat_job import ChatJob, prepare_chat_job
-from kvmem.server.error_map import envelope, error_payload
+from kvmem.server.error_map import envelope, error_payload, failed_response
+from kvmem.server.json_body import parse_json_body
+from kvmem.server.prompt_limits import check_prompt_size, message_chars
 from kvmem.server.props import models_body, props_body, served_model_id
 from kvmem.server.responses import SSE_DONE, ChunkWriter, CompletionAccumulator, sse_data
 from kvmem.server.schemas import parse_chat_request
@@ -39,6 +41,8 @@ def _state(request: Request) -> ServerState:
 
 def _ready_state(request: Request) -> ServerState:
     state = _state(request)
+    if state.worker.state is WorkerState.STOPPED:
+        raise ServerShuttingDownError("the server is shutting down")
     if state.worker.state is not WorkerState.READY or state.template is None:
         raise EngineNotReadyError(f"the model is not ready ({state.worker.state.value})")
     return state
@@ -89,65 +93,70 @@ async def metrics(request: Request) -> Response:
     return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-async def _next_event(request: Request, channel: EventChannel, job: ChatJob) -> Any:
-    """The job's next event; None when the client went away (the job is then cancelled)."""
+async def _next_event(
+    request: Request, channel: EventChannel, job: ChatJob, state: ServerState
+) -> Any:
+    """The job's next event; None when the client went away (the job is then cancelled
+    and, if it is still waiting, leaves the queue at once)."""
     while True:
         try:
             return await asyncio.wait_for(channel.get(), timeout=DISCONNECT_POLL_S)
         except asyncio.TimeoutError:
             if await request.is_disconnected():
                 job.cancel.set()
+                state.worker.withdraw(job)
                 return None
 
 
 @api_router.post("/v1/chat/completions")
 @api_router.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    raw = await request.body()
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from None
-    chat = parse_chat_request(body)
+        raw = await request.body()
+    except ClientDisconnect:
+        return Response(status_code=499)
+    chat = parse_chat_request(parse_json_body(raw))
     state = _ready_state(request)
-    assert state.template is not None
+    assert state.template is not None and state.info is not None
+    check_prompt_size(message_chars(chat.messages), state.info)
     channel = EventChannel(asyncio.get_running_loop())
     job = prepare_chat_job(chat, state.settings, state.template, channel)
+    check_prompt_size(len(job.rendered.text), state.info)
     state.worker.submit(job)
-    first = await _next_event(request, channel, job)
+    first = await _next_event(request, channel, job, state)
     if first is None:
         return Response(status_code=499)
     if isinstance(first, JobFailed):
-        raise first.error
+        return failed_response(first.error)
     assert state.info is not None
     model = served_model_id(state.settings, state.info)
     if chat.stream:
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
         writer = ChunkWriter(model=model, include_usage=include_usage)
         return StreamingResponse(
-            _stream(request, channel, job, writer),
+            _stream(request, channel, job, writer, state),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     acc = CompletionAccumulator(model=model)
     while True:
-        event = await _next_event(request, channel, job)
+        event = await _next_event(request, channel, job, state)
         if event is None:
             return Response(status_code=499)
         if isinstance(event, JobFailed):
-            raise event.error
+            return failed_response(event.error)
         acc.add(event)
         if isinstance(event, TurnDone):
             return JSONResponse(acc.body())
 
 
 async def _stream(
-    request: Request, channel: EventChannel, job: ChatJob, writer: ChunkWriter
+    request: Request, channel: EventChannel, job: ChatJob, writer: ChunkWriter, state: ServerState
 ) -> AsyncIterator[str]:
     try:
         yield writer.role()
         while True:
-            event = await _next_event(request, channel, job)
+            event = await _next_event(request, channel, job, state)
             if event is None:
                 return
             if isinstance(event, JobFailed):

@@ -12,8 +12,18 @@ from kvmem.errors import InvalidRequestError
 _FN_NAME = r"^[A-Za-z0-9_.:-]{1,64}$"
 
 
+MAX_TEMPERATURE = 100.0  # finite bounds: 1e308 or inf would reach the sampler otherwise
+MAX_REPEAT_PENALTY = 100.0
+# template arguments the renderer sets itself: a client's value would collide with them
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(
+        strict=True, extra="ignore", populate_by_name=True, allow_inf_nan=False
+    )
 
 
 class ToolFunction(_Strict):
@@ -64,13 +74,13 @@ class ResponseFormat(_Strict):
 class ChatCompletionRequest(_Strict):
     model: str | None = None
     messages: list[Any]
-    temperature: float | None = Field(default=None, ge=0.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    repeat_penalty: float | None = Field(default=None, ge=0.0)
+    repeat_penalty: float | None = Field(default=None, ge=0.0, le=MAX_REPEAT_PENALTY)
     seed: int | None = None
     stop: str | list[str] | None = None
     max_tokens: int | None = None
@@ -145,6 +155,12 @@ def _check_semantics(request: ChatCompletionRequest) -> None:
     if request.stream_options is not None and not request.stream:
         raise InvalidRequestError(
             "'stream_options' is only allowed with stream=true", "stream_options"
+        )
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(request.chat_template_kwargs or {}))
+    if reserved:
+        raise InvalidRequestError(
+            f"'chat_template_kwargs' may not set {', '.join(reserved)}: the server sets it",
+            "chat_template_kwargs",
         )
     choice = request.tool_choice
     if choice is not None and choice != "none" and choice != "auto" and not request.tools:

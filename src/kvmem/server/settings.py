@@ -9,6 +9,7 @@ from enum import Enum
 from kvmem.chat.thinking import ThinkingDefaults
 from kvmem.cli.api_keys import ApiKeys
 from kvmem.engine import EngineSettings, SamplingParams
+from kvmem.server.limits import ServerLimits
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -50,6 +51,7 @@ class ServerSettings:
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
     sources: Mapping[str, Source] = field(default_factory=dict)
+    limits: ServerLimits = field(default_factory=ServerLimits)  # body/timeouts/connections/CORS
 
     def with_model_path(self, path: str) -> ServerSettings:
         return replace(self, engine=replace(self.engine, model_path=path))

@@ -18,9 +18,16 @@ from enum import Enum
 from kvmem.chat.prompt import tokenize_prompt
 from kvmem.chat.protocol import ChatEngine
 from kvmem.chat.turn import TurnDone, run_turn
-from kvmem.errors import ContextLengthExceededError, EngineNotReadyError, QueueFullError
+from kvmem.errors import (
+    ContextLengthExceededError,
+    EngineNotReadyError,
+    QueueFullError,
+    ServerShuttingDownError,
+    TurnCancelledError,
+)
 from kvmem.server.channel import JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob
+from kvmem.server.error_map import classify
 from kvmem.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -67,7 +74,7 @@ class EngineWorker:
         """Queue `job`; EngineNotReadyError while loading, QueueFullError past the bound."""
         with self._cond:
             if self._stopping:
-                raise EngineNotReadyError("the server is shutting down")
+                raise ServerShuttingDownError("the server is shutting down")
             if self.state is not WorkerState.READY:
                 raise EngineNotReadyError(f"the model is not ready ({self.state.value})")
             capacity = self._queue_size + (1 if self._current is None else 0)
@@ -89,16 +96,34 @@ class EngineWorker:
                 self._current.cancel.set()
             for job in self._pending:
                 job.cancel.set()
-                job.channel.put(JobFailed(EngineNotReadyError("the server is shutting down")))
+                job.channel.put(JobFailed(ServerShuttingDownError("the server is shutting down")))
             self._pending.clear()
             self._metrics.deferred = 0
             self._cond.notify_all()
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """cancel_all, then wait for the engine thread to close the engine."""
+    def withdraw(self, job: ChatJob) -> None:
+        """Take a job whose client went away out of the queue (a no-op once it runs)."""
+        with self._cond:
+            try:
+                self._pending.remove(job)
+            except ValueError:
+                return
+            self._metrics.deferred = len(self._pending)
+
+    def stop(self) -> None:
+        """cancel_all, then wait until the engine thread has left llama.cpp and closed the
+        engine (a running prefill stops at its next chunk, a generation at its next token;
+        a model still loading finishes loading first). Python must not exit while a
+        llama.cpp call is in flight."""
         self.cancel_all()
-        if self._thread.is_alive() and self.state is not WorkerState.LOADING:
-            self._thread.join(timeout)
+        if not self._thread.is_alive():
+            return
+        waited = 0.0
+        while self._thread.is_alive():
+            self._thread.join(1.0)
+            waited += 1.0
+            if self._thread.is_alive() and waited % 10 == 0:
+                logger.warning("waiting for the engine thread to stop (%.0f s)", waited)
 
     def _run(self) -> None:
         try:
@@ -136,23 +161,40 @@ class EngineWorker:
 
     def _execute(self, engine: ChatEngine, job: ChatJob) -> None:
         if job.cancel.is_set():
-            job.channel.put(JobFailed(EngineNotReadyError("the request was cancelled")))
+            error = (
+                ServerShuttingDownError("the server is shutting down")
+                if self._stopping
+                else EngineNotReadyError("the request was cancelled")
+            )
+            job.channel.put(JobFailed(error))
             return
         self._metrics.processing = 1
         try:
-            prompt = tokenize_prompt(engine, job.rendered)
+            prompt = tokenize_prompt(engine, job.rendered)  # the only tokenization
             n_ctx = engine.info.n_ctx
             if len(prompt.tokens) >= n_ctx:
                 raise ContextLengthExceededError(len(prompt.tokens), n_ctx)
+            if job.grammar:
+                engine.check_grammar(job.grammar)  # a bad grammar is a 400, even when streaming
             job.channel.put(JobStarted(len(prompt.tokens)))
             for event in run_turn(engine, job.turn_request(prompt)):
                 if isinstance(event, TurnDone):
                     self._metrics.record_turn(event.usage)
                     _log_turn(event)
                 job.channel.put(event)
+        except TurnCancelledError:
+            logger.info("the prompt's processing was cancelled")
+            error = (
+                ServerShuttingDownError("the server is shutting down")
+                if self._stopping
+                else EngineNotReadyError("the request was cancelled")
+            )
+            job.channel.put(JobFailed(error))
         except Exception as exc:  # the route maps the type to an HTTP error
-            if not isinstance(exc, ContextLengthExceededError):
+            if classify(exc).status >= 500:
                 logger.exception("generation failed")
+            else:
+                logger.info("request refused: %s", exc)
             self._metrics.record_failure()
             job.channel.put(JobFailed(exc))
         finally:

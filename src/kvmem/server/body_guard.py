@@ -1,0 +1,196 @@
+"""An ASGI middleware between the HTTP protocol and the app: bodies, media types, HEAD.
+
+- POST bodies must be `Content-Type: application/json` (415 otherwise). A browser cannot
+  send that type cross-origin without a CORS preflight, which `--cors-origins` decides.
+- The whole body is read here, at most `--max-body-size` bytes (413 from the declared
+  Content-Length, or as soon as the streamed body passes the limit) and within
+  `--body-timeout` seconds of the request's start (408 otherwise: a body trickled byte by
+  byte, or one shorter than its Content-Length, no longer holds a connection forever).
+  The app then receives the body in one message, and the client's disconnect after it.
+- A client that leaves while sending its body ends the request silently (no traceback).
+- HEAD is answered like GET (the HTTP layer drops the body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+JSON_TYPES = ("application/json",)
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return value
+    return None
+
+
+def media_type(value: bytes | None) -> str:
+    if value is None:
+        return ""
+    return value.split(b";", 1)[0].strip().lower().decode("latin-1")
+
+
+async def send_error(send: Send, status: int, message: str, type_: str, code: str) -> None:
+    body = json.dumps(
+        {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyGuard:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        body_timeout_s: float,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.on_error = on_error
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self._guarded(scope, receive, tracked_send)
+        except Exception as exc:  # a bug: logged once, counted, answered 500 if still possible
+            if self.on_error is not None:
+                self.on_error(exc)
+            else:
+                logger.exception("unexpected server error")
+            if not started:
+                await send_error(
+                    send, 500, "internal server error", "server_error", "internal_error"
+                )
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope.get("method", "GET")
+        if method == "HEAD":
+            scope = {**scope, "method": "GET"}
+        if method not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        if media_type(_header(scope, b"content-type")) not in JSON_TYPES:
+            await send_error(
+                send,
+                415,
+                "the request body must be JSON, sent with 'Content-Type: application/json'",
+                "invalid_request_error",
+                "unsupported_media_type",
+            )
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await self._too_large(send)
+            return
+        body = await self._read_body(receive, send)
+        if body is None:
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _too_large(self, send: Send) -> None:
+        await send_error(
+            send,
+            413,
+            f"the request body is larger than {self.max_body_bytes} bytes (--max-body-size)",
+            "invalid_request_error",
+            "payload_too_large",
+        )
+
+    async def _read_body(self, receive: Receive, send: Send) -> bytes | None:
+        """The whole body, or None after answering (413/408) or when the client left."""
+        deadline = time.monotonic() + self.body_timeout_s
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    raise asyncio.TimeoutError
+                message = await asyncio.wait_for(receive(), remaining)
+            except asyncio.TimeoutError:
+                logger.info("request body not received within %.0f s", self.body_timeout_s)
+                await send_error(
+                    send,
+                    408,
+                    f"the request body did not arrive within {self.body_timeout_s:g} s",
+                    "invalid_request_error",
+                    "request_timeout",
+                )
+                return None
+            if message["type"] == "http.disconnect":
+                logger.debug("client left while sending the request body")
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                await self._too_large(send)
+                return None
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def cors_options(origins: tuple[str, ...]) -> dict[str, Any]:
+    """CORSMiddleware options for `--cors-origins`: the listed origins are reflected with
+    credentials allowed (llama-server's semantics), `*` reflects every origin, and none
+    (the default) allows no cross-origin reader: the chat page, served from the same
+    origin, needs no CORS."""
+    common: dict[str, Any] = {
+        "allow_methods": ["*"],
+        "allow_headers": ["*"],
+        "allow_credentials": True,
+    }
+    if origins == ("*",):
+        return {**common, "allow_origin_regex": ".*"}
+    return {**common, "allow_origins": list(origins)}

@@ -1,0 +1,54 @@
+"""Launching kvmem-server under an address-space limit, and raw-socket helpers."""
+
+from __future__ import annotations
+
+import resource
+import socket
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from tests.server.conftest import LiveServer, clean_env, free_port, server_command, wait_healthy
+
+ADDRESS_SPACE_LIMIT = 6 * 1024**3  # far below the 23 GB the min>max schema once reached
+
+
+def _limit_address_space() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT))
+
+
+def start_limited(args: Sequence[str], log_dir: Path, wait: bool = True) -> LiveServer:
+    port = free_port()
+    log_path = log_dir / f"kvmem-server-limited-{port}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [*server_command(), *args, "--port", str(port)],
+            env=clean_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_limit_address_space,
+        )
+    server = LiveServer(proc, port, log_path)
+    if wait:
+        wait_healthy(server)
+    return server
+
+
+def raw_request(port: int, data: bytes, timeout: float = 30.0) -> bytes:
+    """Send `data` on a fresh connection and read until the server closes it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def status_of(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1]) if response.startswith(b"HTTP/1.1 ") else 0
