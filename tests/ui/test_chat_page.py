@@ -161,7 +161,7 @@ def test_conversations_switch_continue_rename_delete(chat: Chat) -> None:
     assert page.locator(".msg.user .body").first.text_content() == "Hi, I am Ann."
     chat.send("What is my name?")
     switched = chat.memory()
-    assert 0 < switched["cached"]  # the shared template prefix survives the switch
+    assert switched["cached"] > 0  # the shared template prefix survives the switch
     prompt_after_switch = chat.chat_requests()[-1]["messages"]
     assert [m["content"] for m in prompt_after_switch if m["role"] == "user"] == [
         "Hi, I am Ann.",
@@ -235,7 +235,7 @@ def test_model_output_with_html_is_shown_as_text_and_never_runs(chat: Chat) -> N
     chat.rewrite = lambda body: {**body, "response_format": forced}
     chat.send("Say something.")
     body = chat.last_reply().locator(".body")
-    assert body.text_content().strip() == json.dumps(payload)
+    assert body.text_content().strip() == json.dumps(payload).replace("**bold**", "bold")
     assert body.locator("img").count() == 0 and body.locator("script").count() == 0
     assert body.locator("strong").text_content() == "bold"  # Markdown still renders
     assert page.evaluate("() => window.__xss") is None
