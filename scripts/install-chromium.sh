@@ -6,7 +6,7 @@ if command -v chromium >/dev/null 2>&1; then
   exit 0
 fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-  echo "install-chromium: chromium is missing; install Debian's chromium package (the UI tests skip without it)" >&2
+  echo "install-chromium: chromium is missing; install Debian's chromium package (tests/ui fail without it)" >&2
   exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
