@@ -2,7 +2,8 @@
 
 Stream order: a `role` delta, then `content` / `reasoning_content` deltas and tool-call
 deltas (per call: a first delta with index, id, type and name, then the arguments), then
-a chunk with `finish_reason`, then (with `stream_options.include_usage`) a usage chunk
+a chunk with `finish_reason` (carrying `timings` and the turn's `kvmem` memory object,
+as the non-stream body does), then (with `stream_options.include_usage`) a usage chunk
 with empty `choices`, then `data: [DONE]`.
 """
 
