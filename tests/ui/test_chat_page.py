@@ -18,7 +18,8 @@ from tests.server.conftest import LiveServer
 from tests.ui.conftest import DOCS_IMG, UI_KEY
 
 pytestmark = pytest.mark.slow
-REPLY_CAP = 24
+REPLY_CAP = 16
+REPLY_TIMEOUT_MS = 300_000  # generous: other processes may share the two cores
 
 LAST_REPLY_DONE = """(n) => {
   const all = document.querySelectorAll('.msg.assistant');
@@ -58,6 +59,8 @@ class Chat:
         self.page = self.context.new_page()
         self.requests: list[Any] = []
         self.page.on("request", lambda r: self.requests.append(r))
+        self.errors: list[str] = []
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.sent: list[dict[str, Any]] = []
         self.rewrite: Callable[[dict[str, Any]], dict[str, Any]] = self.cap_length
         self.page.route("**/v1/chat/completions", self._on_chat_request)
@@ -90,7 +93,15 @@ class Chat:
 
     def wait_reply(self) -> None:
         """Until the reply to the last send is complete (its meta line is written)."""
-        self.page.wait_for_function(LAST_REPLY_DONE, arg=self.expected, timeout=120_000)
+        try:
+            self.page.wait_for_function(
+                LAST_REPLY_DONE, arg=self.expected, timeout=REPLY_TIMEOUT_MS
+            )
+        except Exception:
+            print("page errors:", self.errors)
+            print("messages:", self.page.locator("#messages").inner_html()[-3000:])
+            print("sent:", self.sent[-2:])
+            raise
 
     def last_reply(self) -> Any:
         return self.page.locator(".msg.assistant").last
@@ -106,6 +117,7 @@ class Chat:
         foreign = [r.url for r in self.requests if not r.url.startswith(self.server.base_url)]
         self.context.close()
         assert foreign == [], "the page loaded something from the network"
+        assert self.errors == [], "the page raised errors"
 
 
 @pytest.fixture()
@@ -129,12 +141,12 @@ def test_streamed_answer_renders_and_stop_ends_generation_on_the_server(
     page.wait_for_function(
         "() => { const b = document.querySelector('.msg.assistant .body');"
         " return b !== null && b.textContent.length > 40 && !document.getElementById('stop').hidden; }",
-        timeout=60_000,
+        timeout=REPLY_TIMEOUT_MS,
     )
     page.click("#stop")
     chat.wait_reply()
     assert chat.last_reply().locator(".meta .stopped").text_content() == "stopped"
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     while ui_server.log().count("finish cancelled") == log_before:
         assert time.monotonic() < deadline, "the server kept generating after Stop"
         time.sleep(0.2)
@@ -155,6 +167,7 @@ def test_conversations_switch_continue_rename_delete(chat: Chat) -> None:
     chat.send("Hi, I am Ann.")
     first_id = page.locator("#conversations li.active").get_attribute("data-id")
     page.click("#new-chat")
+    page.wait_for_function("() => document.querySelectorAll('.msg').length === 0")
     chat.send("What is two plus two?")
     assert page.locator("#conversations li").count() == 2
     page.click(f"#conversations li[data-id='{first_id}'] .title")
@@ -228,16 +241,16 @@ def test_settings_are_sent_with_the_request(chat: Chat) -> None:
 
 def test_model_output_with_html_is_shown_as_text_and_never_runs(chat: Chat) -> None:
     page = chat.page
-    payload = "<img src=x onerror=window.__xss=1> **bold** <script>window.__xss=2</script>"
+    payload = "<img src=x onerror=__xss=1>**b**<script>__xss=2</script>"
 
     # a grammar makes the real model emit exactly this JSON string
     forced = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"const": payload}}}
     chat.rewrite = lambda body: {**body, "response_format": forced}
     chat.send("Say something.")
     body = chat.last_reply().locator(".body")
-    assert body.text_content().strip() == json.dumps(payload).replace("**bold**", "bold")
+    assert body.text_content().strip() == json.dumps(payload).replace("**b**", "b")
     assert body.locator("img").count() == 0 and body.locator("script").count() == 0
-    assert body.locator("strong").text_content() == "bold"  # Markdown still renders
+    assert body.locator("strong").text_content() == "b"  # Markdown still renders
     assert page.evaluate("() => window.__xss") is None
     chat.open()  # and again when the stored reply is rendered from history
     assert chat.last_reply().locator(".body img, .body script").count() == 0

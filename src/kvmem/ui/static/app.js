@@ -442,6 +442,7 @@
     renderMessages();
     $("composer").onsubmit = (e) => {
       e.preventDefault();
+      if (controller) return; // one generation at a time; the text stays in the box
       const text = $("prompt").value.trim();
       if (!text && attachments.length === 0) return;
       $("prompt").value = "";
