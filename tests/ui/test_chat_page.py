@@ -110,6 +110,18 @@ class Chat:
         data = self.last_reply().locator(".meta").evaluate("m => ({...m.dataset})")
         return {k: int(v) for k, v in data.items()}
 
+    def stored(self) -> list[dict[str, Any]]:
+        """The conversations in the page's IndexedDB."""
+        return self.page.evaluate(
+            """() => new Promise((resolve) => {
+                 const req = indexedDB.open('kvmem-chat', 1);
+                 req.onsuccess = () => {
+                   const all = req.result.transaction('conversations').objectStore('conversations').getAll();
+                   all.onsuccess = () => resolve(all.result);
+                 };
+               })"""
+        )
+
     def chat_requests(self) -> list[dict[str, Any]]:
         return self.sent
 
@@ -155,8 +167,18 @@ def test_streamed_answer_renders_and_stop_ends_generation_on_the_server(
     chat.send("Hi")
     reply = chat.last_reply()
     assert reply.locator(".body").text_content().strip() != ""
-    assert reply.locator(".meta .speed").text_content().endswith(" tok/s")
-    assert set(chat.memory()) == {"cached", "reprocessed", "retrieved"}
+    stored = chat.stored()[0]["messages"][-1]  # what the page kept from the stream
+    speed = stored["timings"]["predicted_per_second"]
+    assert speed > 0 and stored["speed"] == speed  # the server-measured decode speed
+    assert reply.locator(".meta .speed").text_content() == f"{speed:.1f} tok/s"
+    assert (
+        stored["memory"]["cached_tokens"]
+        == stored["usage"]["prompt_tokens_details"]["cached_tokens"]
+    )
+    assert chat.memory() == {
+        k.removesuffix("_tokens"): stored["memory"][k]
+        for k in ("cached_tokens", "reprocessed_tokens", "retrieved_tokens")
+    }
     sent = chat.chat_requests()
     assert [m["role"] for m in sent[-1]["messages"]] == ["user", "assistant", "user"]
     assert sent[-1]["stream"] is True and "max_tokens" not in sent[-1]
