@@ -162,7 +162,7 @@ def _run(ns: argparse.Namespace, extra: list[str], environ: Mapping[str, str]) -
             why = (
                 matching_listener(listener, plan.argv, plan.host)
                 if listener
-                else "it is not listening"
+                else "it is not listening (still loading the model, or stuck)"
             )
             if why is None:
                 _say(f"reusing the running server at {plan.url} (pid {ours.pid})")
