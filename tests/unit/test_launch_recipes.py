@@ -217,6 +217,15 @@ def test_budget_sizing_from_gpu_memory_on_two_shapes(
     assert (768 * 2**20 - llama8b.stat().st_size) // 131072 == 6143
     assert (body["sizing"]["budget"], body["sizing"]["gen_reserve"]) == (4864, 1152)
     assert body["sizing"]["kv_bytes_per_token"] == 131072
+    # a later -c (after --) is the context the server gets, so it caps the sizing
+    _, body, err = dry_run(
+        capsys,
+        monkeypatch,
+        ["cpu-smollm2", "--gpu-mem", "1GiB", "--", "-c", "4096"],
+        MODEL=str(llama8b),
+    )
+    assert body["sizing"]["budget"] + body["sizing"]["gen_reserve"] == 4096
+    assert "4096 cells (capped at the context size)" in err
     # too little memory is a clear error
     code, _, err = dry_run(
         capsys, monkeypatch, ["cpu-smollm2", "--gpu-mem", "300MiB"], MODEL=str(llama8b)

@@ -150,10 +150,15 @@ def _kv_types(args: Sequence[str]) -> tuple[Any, Any]:
 
 
 def _ctx_size(args: Sequence[str]) -> int | None:
+    """The last -c (the server's argparse keeps the last one)."""
+    found = None
     for i, arg in enumerate(args[:-1]):
         if arg in ("-c", "--ctx-size"):
-            return int(args[i + 1])
-    return None
+            try:
+                found = int(args[i + 1])
+            except ValueError:
+                raise ConfigError(arg, f"not a number: {args[i + 1]!r}") from None
+    return found
 
 
 def _embedded_model_path() -> str:
