@@ -145,6 +145,10 @@ def test_streamed_answer_renders_and_stop_ends_generation_on_the_server(
     page = chat.page
     assert page.title() == "KVMem chat"
     assert page.locator("#attach-label").is_hidden()  # /props reports no vision
+    assert page.locator("#model-name").text_content() == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert (
+        page.locator("#server-status").text_content() == "ctx 4096 \u00b7 KVMem budget 1024 + 512"
+    )
 
     chat.rewrite = lambda body: {**body, "ignore_eos": True, "max_tokens": 3000}
     log_before = ui_server.log().count("finish cancelled")
