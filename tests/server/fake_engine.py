@@ -42,6 +42,11 @@ class FakeTurnStats:
     generated_tokens: int = 0
     decode_ms: float = 0.0
     finish_reason: str = "stop"
+    replayed_tokens: int = 0
+    stage_in_blocks: int = 0
+    stage_out_blocks: int = 0
+    truncated_tokens: int = 0
+    reselect_ms: float = 0.0
 
 
 @dataclass

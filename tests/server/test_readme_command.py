@@ -108,6 +108,8 @@ def test_readme_first_command_on_a_fresh_checkout(tmp_path: Path) -> None:
         assert answer["choices"][0]["message"]["content"]
         assert answer["model"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
         assert (checkout / ".venv" / "bin" / "kvmem-server").exists()
+        page = httpx.get(f"http://127.0.0.1:{port}/", timeout=30)  # the README's page address
+        assert page.status_code == 200 and "<title>KVMem chat</title>" in page.text
     finally:
         proc.terminate()  # serve.sh exec's kvmem-server: this is the server's SIGTERM
         assert proc.wait(60) == 0, log_path.read_text()[-3000:]

@@ -24,6 +24,7 @@ from kvmem.chat.reasoning import Channel, ReasoningMarkers, ReasoningSplitter
 from kvmem.chat.stop import StopMatcher
 from kvmem.chat.tool_calls import ToolCall, ToolFormat
 from kvmem.chat.tool_stream import ToolCallStream
+from kvmem.chat.turn_memory import TurnMemory
 from kvmem.engine import SamplingParams
 
 
@@ -70,6 +71,7 @@ class TurnUsage:
     reasoning_tokens: int = 0
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
+    memory: TurnMemory = field(default_factory=TurnMemory)
 
     @property
     def prefill_tokens(self) -> int:
@@ -191,6 +193,7 @@ def run_turn(engine: ChatEngine, req: TurnRequest) -> Iterator[TurnEvent]:
         finally:
             gen.close()
         stats = engine.last_turn
+        usage.memory.add(stats)
         if first_segment:
             usage.cached_tokens = stats.cached_tokens
             first_segment = False

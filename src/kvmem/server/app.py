@@ -11,7 +11,6 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -25,12 +24,12 @@ from kvmem.server.error_map import install_error_handlers
 from kvmem.server.metrics import ServerMetrics
 from kvmem.server.routes import api_router, health_router
 from kvmem.server.settings import ServerSettings
+from kvmem.server.ui_files import ui_directory
 from kvmem.server.worker import EngineWorker
 
 logger = logging.getLogger(__name__)
 
 EngineFactory = Callable[[ServerSettings], ChatEngine]
-PACKAGED_UI = Path(__file__).resolve().parent.parent / "ui" / "static"
 
 
 @dataclass(slots=True)
@@ -49,15 +48,6 @@ def default_engine_factory(settings: ServerSettings) -> ChatEngine:
     from kvmem.engine import Engine
 
     return Engine(settings.engine)
-
-
-def ui_directory(settings: ServerSettings) -> Path | None:
-    """The directory served at / (None: no page)."""
-    if not settings.ui:
-        return None
-    if settings.ui_dir is not None:
-        return Path(settings.ui_dir)
-    return PACKAGED_UI if (PACKAGED_UI / "index.html").is_file() else None
 
 
 def create_app(

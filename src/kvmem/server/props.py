@@ -11,6 +11,7 @@ from kvmem import __version__
 from kvmem.chat.protocol import ModelInfoLike
 from kvmem.chat.template import ChatTemplate
 from kvmem.server.settings import ServerSettings
+from kvmem.server.ui_files import ui_props
 
 _STARTED = int(time.time())
 
@@ -111,7 +112,7 @@ def props_body(
         "bos_token": info.bos_text,
         "eos_token": info.eos_text,
         "build_info": build_info(),
-        "webui": settings.ui,
+        **ui_props(settings),
         "auth": {"enabled": settings.api_keys.enabled},
         "kvmem": kvmem_body(settings),
     }

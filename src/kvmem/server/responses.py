@@ -2,7 +2,8 @@
 
 Stream order: a `role` delta, then `content` / `reasoning_content` deltas and tool-call
 deltas (per call: a first delta with index, id, type and name, then the arguments), then
-a chunk with `finish_reason`, then (with `stream_options.include_usage`) a usage chunk
+a chunk with `finish_reason` (carrying `timings` and the turn's `kvmem` memory object,
+as the non-stream body does), then (with `stream_options.include_usage`) a usage chunk
 with empty `choices`, then `data: [DONE]`.
 """
 
@@ -70,6 +71,7 @@ class CompletionAccumulator:
     reasoning: list[str] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     done: TurnDone | None = None
+    block_tokens: int = 0  # KVMem block size: the `kvmem` object's retrieved_tokens
 
     def add(self, event: TurnEvent) -> None:
         if isinstance(event, TextDelta):
@@ -106,6 +108,7 @@ class CompletionAccumulator:
             ],
             "usage": usage_body(self.done.usage),
             "timings": timings_body(self.done.usage),
+            "kvmem": self.done.usage.memory.body(self.block_tokens),
         }
 
 
@@ -115,6 +118,7 @@ class ChunkWriter:
 
     model: str
     include_usage: bool = False
+    block_tokens: int = 0  # KVMem block size: the `kvmem` object's retrieved_tokens
     id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -148,7 +152,14 @@ class ChunkWriter:
             }
             args = {"index": event.index, "function": {"arguments": call["function"]["arguments"]}}
             return [self._chunk({"tool_calls": [head]}), self._chunk({"tool_calls": [args]})]
-        out = [self._chunk({}, finish_name(event.finish_reason), timings=timings_body(event.usage))]
+        out = [
+            self._chunk(
+                {},
+                finish_name(event.finish_reason),
+                timings=timings_body(event.usage),
+                kvmem=event.usage.memory.body(self.block_tokens),
+            )
+        ]
         if self.include_usage:
             out.append(self._chunk(None, usage=usage_body(event.usage)))
         return out

@@ -130,15 +130,16 @@ async def chat_completions(request: Request) -> Response:
         return failed_response(first.error)
     assert state.info is not None
     model = served_model_id(state.settings, state.info)
+    block_tokens = state.settings.engine.kvmem.block_tokens
     if chat.stream:
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
-        writer = ChunkWriter(model=model, include_usage=include_usage)
+        writer = ChunkWriter(model=model, include_usage=include_usage, block_tokens=block_tokens)
         return StreamingResponse(
             _stream(request, channel, job, writer, state),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    acc = CompletionAccumulator(model=model)
+    acc = CompletionAccumulator(model=model, block_tokens=block_tokens)
     while True:
         event = await _next_event(request, channel, job, state)
         if event is None:

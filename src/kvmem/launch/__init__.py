@@ -1,0 +1,1 @@
+"""`kvmem-launch`: start kvmem-server from a recipe (data files in kvmem/launch/recipes)."""

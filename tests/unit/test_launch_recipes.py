@@ -1,0 +1,247 @@
+"""kvmem-launch without starting anything: recipes, --dry-run, overrides, KV sizing, MTP."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import pytest
+
+from kvmem.errors import ConfigError
+from kvmem.launch.kv_size import GIB, parse_size, read_kv_geometry
+from kvmem.launch.main import main
+from kvmem.launch.recipe import recipe_names
+from kvmem.memory.ggml_types import GgmlType
+
+SERVER = [sys.executable, "-m", "kvmem.server.main"]
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(("LLAMA_ARG_", "LLAMA_API_", "KVMEM_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("KVMEM_LAUNCH_DIR", str(tmp_path / "launch-state"))
+
+
+def write_header(path: Path, arch: str, **kv: int) -> Path:
+    """A GGUF file with only the hyperparameters (no tensors)."""
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in kv.items():
+        w.add_uint32(f"{arch}.{key}", value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture()
+def llama8b(tmp_path: Path) -> Path:
+    """Llama-3-8B's shape: 32 layers, 32 heads, 8 KV heads, head dim 4096/32 = 128."""
+    return write_header(
+        tmp_path / "llama8b.gguf",
+        "llama",
+        block_count=32,
+        **{"attention.head_count": 32, "attention.head_count_kv": 8},
+        embedding_length=4096,
+        context_length=8192,
+    )
+
+
+@pytest.fixture()
+def hybrid27b(tmp_path: Path) -> Path:
+    """A Qwen3.5-style hybrid with an MTP head: 64 layers, every 4th full attention (16 KV
+    layers), 4 KV heads of dim 256."""
+    return write_header(
+        tmp_path / "hybrid27b.gguf",
+        "qwen35",
+        block_count=64,
+        **{
+            "attention.head_count": 24,
+            "attention.head_count_kv": 4,
+            "attention.key_length": 256,
+            "attention.value_length": 256,
+        },
+        embedding_length=5120,
+        full_attention_interval=4,
+        nextn_predict_layers=1,
+        context_length=262144,
+    )
+
+
+def dry_run(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str], **env: str
+) -> tuple[int, dict, str]:
+    for name in ("MODEL", "MMPROJ", "HOST", "PORT", "API_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code = main(["--dry-run", *argv])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code == 0 else {}), err
+
+
+def test_packaged_recipes() -> None:
+    assert recipe_names() == ["cpu-smollm2", "iq3-16gib"]
+    listing = subprocess.run(
+        [sys.executable, "-m", "kvmem.launch.main", "--list"], capture_output=True, text=True
+    )
+    assert listing.returncode == 0
+    assert [line.split(":")[0] for line in listing.stdout.splitlines()] == recipe_names()
+
+
+def test_dry_run_prints_argv_and_environment_and_starts_nothing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("KVMEM_LAUNCH_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("LLAMA_ARG_THREADS", "2")
+    monkeypatch.setenv("LLAMA_API_KEY", "sk-secret")
+    code, body, err = dry_run(capsys, monkeypatch, ["cpu-smollm2", "--", "--alias", "smol"])
+    assert code == 0
+    assert body["argv"] == [
+        *SERVER,
+        *("-c", "8192", "-ngl", "0", "--kvmem-budget", "2048", "--kvmem-gen-reserve", "512"),
+        *("--host", "127.0.0.1", "--port", "8080", "--alias", "smol"),
+    ]
+    assert body["env"] == {"LLAMA_API_KEY": "<set>", "LLAMA_ARG_THREADS": "2"}
+    assert (body["url"], body["sizing"], body["overrides"]) == ("http://127.0.0.1:8080/", None, {})
+    assert body["pidfile"] == str(tmp_path / "state" / "server-8080.pid")
+    assert "sk-secret" not in err and "budget 2048 + gen reserve 512" in err
+    assert list((tmp_path / "state").iterdir()) == []  # no pidfile, no log: nothing started
+
+
+def test_environment_overrides_the_recipe(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    hybrid27b: Path,
+    tmp_path: Path,
+) -> None:
+    keys = tmp_path / "keys.txt"
+    mmproj = tmp_path / "mmproj.gguf"
+    code, body, _ = dry_run(
+        capsys,
+        monkeypatch,
+        ["iq3-16gib"],
+        MODEL=str(hybrid27b),
+        MMPROJ=str(mmproj),
+        HOST="0.0.0.0",
+        PORT="18999",
+        API_KEY_FILE=str(keys),
+    )
+    assert code == 0
+    assert body["argv"] == [
+        *SERVER,
+        *("-m", str(hybrid27b), "--mmproj", str(mmproj)),
+        *("--no-mmproj-offload", "--image-max-tokens", "512"),
+        *("-c", "262144", "-n", "16384", "--kv-dtype", "q8_0", "--enable-thinking"),
+        *("--reasoning-budget", "4096", "--kvmem-budget", "36864", "--kvmem-gen-reserve", "16384"),
+        *("--api-key-file", str(keys), "--host", "0.0.0.0", "--port", "18999"),
+    ]
+    assert sorted(body["overrides"]) == ["API_KEY_FILE", "HOST", "MMPROJ", "MODEL", "PORT"]
+    assert body["url"] == "http://127.0.0.1:18999/"
+    # the model has an MTP head, but kvmem-server has no --spec-type yet: the flags are dropped
+    assert body["notes"][-1] == (
+        "MTP: off, dropping --spec-type draft-mtp: kvmem-server does not support --spec-type yet"
+    )
+    code, body, _ = dry_run(
+        capsys, monkeypatch, ["iq3-16gib", "--port", "1234"], MODEL=str(hybrid27b), PORT="5"
+    )
+    assert body["argv"][-2:] == ["--port", "1234"]  # the option beats the environment
+
+
+def test_the_16gib_recipe_needs_a_model(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, err = dry_run(capsys, monkeypatch, ["iq3-16gib"])
+    assert code == 2
+    assert "MODEL: recipe iq3-16gib needs a model: Qwen3.8-27B-GSQ-RCO-IQ3_S-mtp.gguf" in err
+
+
+def test_kv_geometry_of_two_shapes(llama8b: Path, hybrid27b: Path) -> None:
+    llama = read_kv_geometry(str(llama8b))
+    assert (llama.n_kv_layers, llama.n_head_kv, llama.head_dim_k, llama.has_mtp_head) == (
+        32,
+        8,
+        128,
+        False,
+    )
+    assert llama.bytes_per_token(GgmlType.F16, GgmlType.F16) == 32 * 8 * 128 * 2 * 2
+    hybrid = read_kv_geometry(str(hybrid27b))
+    assert (hybrid.n_kv_layers, hybrid.n_head_kv, hybrid.head_dim_k, hybrid.has_mtp_head) == (
+        16,
+        4,
+        256,
+        True,
+    )
+    # q8_0: 34 bytes per 32 values
+    assert hybrid.bytes_per_token(GgmlType.Q8_0, GgmlType.Q8_0) == 2 * 16 * 4 * 256 * 34 // 32
+
+
+def test_budget_sizing_from_gpu_memory_on_two_shapes(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    llama8b: Path,
+    hybrid27b: Path,
+) -> None:
+    # hybrid, q8_0 (34816 B/token): 4 GiB - 448 B of "weights" - 2 GiB overhead
+    code, body, err = dry_run(
+        capsys, monkeypatch, ["iq3-16gib", "--gpu-mem", "4GiB"], MODEL=str(hybrid27b)
+    )
+    assert code == 0
+    free = 4 * GIB - hybrid27b.stat().st_size - 2048 * 2**20
+    cells = free // 34816
+    assert cells == 61680
+    reserve = int(cells * 0.3077) // 128 * 128
+    assert (body["sizing"]["budget"], body["sizing"]["gen_reserve"]) == (42624, 18944)
+    assert reserve == 18944 and (cells - reserve) // 128 * 128 == 42624
+    assert body["argv"][body["argv"].index("--kvmem-budget") + 1] == "42624"
+    assert body["argv"][body["argv"].index("--kvmem-gen-reserve") + 1] == "18944"
+    assert "KV per token 34816 B: 16 KV layers of 64 x 4 KV heads x head dim 256/256" in err
+    assert "61680 cells: gen reserve 31% -> 18944, budget 42624" in err
+    # 16 GiB would hold more cells than the 262144-token context: capped there
+    _, body, err = dry_run(
+        capsys, monkeypatch, ["iq3-16gib", "--gpu-mem", "16GiB"], MODEL=str(hybrid27b)
+    )
+    assert body["sizing"]["budget"] + body["sizing"]["gen_reserve"] == 262144
+    assert "262144 cells (capped at the context size)" in err
+    # llama, f16 (131072 B/token) on the CPU recipe: 1 GiB - 256 MiB overhead
+    _, body, err = dry_run(
+        capsys, monkeypatch, ["cpu-smollm2", "--gpu-mem", "1GiB"], MODEL=str(llama8b)
+    )
+    assert (768 * 2**20 - llama8b.stat().st_size) // 131072 == 6143
+    assert (body["sizing"]["budget"], body["sizing"]["gen_reserve"]) == (4864, 1152)
+    assert body["sizing"]["kv_bytes_per_token"] == 131072
+    # a later -c (after --) is the context the server gets, so it caps the sizing
+    _, body, err = dry_run(
+        capsys,
+        monkeypatch,
+        ["cpu-smollm2", "--gpu-mem", "1GiB", "--", "-c", "4096"],
+        MODEL=str(llama8b),
+    )
+    assert body["sizing"]["budget"] + body["sizing"]["gen_reserve"] == 4096
+    assert "4096 cells (capped at the context size)" in err
+    # too little memory is a clear error
+    code, _, err = dry_run(
+        capsys, monkeypatch, ["cpu-smollm2", "--gpu-mem", "300MiB"], MODEL=str(llama8b)
+    )
+    assert code == 2 and "too little for a KVMem window" in err
+
+
+@pytest.mark.parametrize("text", ["16", "abcGiB", "-1GiB", "0MiB"])
+def test_bad_gpu_mem_sizes(text: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_size(text)
+    assert parse_size("1.5GiB") == 3 * GIB // 2 and parse_size("512MiB") == 512 * 2**20
+
+
+def test_unknown_recipe(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, err = dry_run(capsys, monkeypatch, ["no-such-recipe"])
+    assert code == 2 and "unknown recipe 'no-such-recipe'; recipes: cpu-smollm2, iq3-16gib" in err
