@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
 from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import GgmlType, parse_kv_type
@@ -70,6 +71,10 @@ class KVMemConfig:
     score_mode: ScoreMode = ScoreMode.KEY_BOUND
     positions: PositionMode = PositionMode.GATHER
     trace: bool = False
+    # disk tier and restart-safe sessions (memory/tiered_store.py, engine/session_persist.py)
+    disk_dir: str | None = None
+    host_mib: int = 0  # RAM cap of the block store; 0: unlimited
+    disk_mib: int = 0  # disk cap; 0: unlimited
 
     def validate(self) -> None:
         """Raise ConfigError for the first invalid value, naming its flag."""
@@ -99,6 +104,26 @@ class KVMemConfig:
             )
         if any(layer < 0 for layer in self.score_layers):
             raise ConfigError("--kvmem-score-layers", "layer indices must be >= 0")
+        self._validate_disk_tier()
+
+    def _validate_disk_tier(self) -> None:
+        for flag, value in (
+            ("--kvmem-host-mib", self.host_mib),
+            ("--kvmem-disk-mib", self.disk_mib),
+        ):
+            if value < 0:
+                raise ConfigError(flag, f"must be >= 0, got {value}")
+            if value and self.disk_dir is None:
+                raise ConfigError(flag, "needs --kvmem-disk-dir (where blocks past the cap go)")
+        if self.disk_dir is None:
+            return
+        if not self.enabled:
+            raise ConfigError(
+                "--kvmem-disk-dir", "needs KVMem (it stores KVMem blocks): drop --no-kvmem"
+            )
+        path = Path(self.disk_dir)
+        if path.exists() and not path.is_dir():
+            raise ConfigError("--kvmem-disk-dir", f"{self.disk_dir} exists and is not a directory")
 
     @property
     def gpu_cells(self) -> int:

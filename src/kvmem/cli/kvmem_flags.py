@@ -175,6 +175,26 @@ def add_kvmem_arguments(parser: argparse.ArgumentParser) -> None:
         help="attention layers used for scoring (default: 8 spread over the depth)",
     )
     group.add_argument(
+        "--kvmem-disk-dir",
+        default=None,
+        metavar="DIR",
+        help="disk tier and restart-safe session store (default: none, RAM only)",
+    )
+    group.add_argument(
+        "--kvmem-host-mib",
+        type=strict_int,
+        default=0,
+        metavar="N",
+        help="RAM cap of the block store in MiB; older blocks go to disk (default: 0 = no cap)",
+    )
+    group.add_argument(
+        "--kvmem-disk-mib",
+        type=strict_int,
+        default=0,
+        metavar="N",
+        help="disk cap of the block store in MiB (default: 0 = no cap)",
+    )
+    group.add_argument(
         "--kvmem-trace",
         dest="kvmem_trace",
         action="store_true",
@@ -229,6 +249,9 @@ def kvmem_config_from_args(ns: argparse.Namespace, trace_env: bool = False) -> K
         score_mode=ScoreMode(ns.kvmem_score_mode),
         positions=PositionMode(ns.kvmem_positions),
         trace=trace,
+        disk_dir=ns.kvmem_disk_dir,
+        host_mib=ns.kvmem_host_mib,
+        disk_mib=ns.kvmem_disk_mib,
     )
     config.validate()
     return KVMemFlags(kvmem=config, cache_types=cache_types_from_args(ns))

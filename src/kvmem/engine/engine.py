@@ -27,6 +27,7 @@ from .model import LlamaModel, ModelInfo, resolve_model_path
 from .query_capture import QueryCapture
 from .sampler import SamplingParams
 from .session import KVMemSession
+from .session_persist import SessionPersister, open_tiered_store, store_fingerprint
 from .trace import EngineStats, Tracer, TurnStats
 from .window import TokenSpan
 
@@ -68,6 +69,8 @@ class Engine:
         settings.validate()
         path = resolve_model_path(settings.model_path)
         self.settings = settings
+        self.disk_store = open_tiered_store(settings.kvmem)  # locks --kvmem-disk-dir first
+        self.persister: SessionPersister | None = None
         self.model = LlamaModel(path, settings.n_gpu_layers)
         train_ctx = llama_cpp.llama_model_n_ctx_train(self.model.ptr)
         n_ctx = settings.n_ctx or train_ctx
@@ -89,7 +92,11 @@ class Engine:
             offload_kqv=settings.offload_kqv,
         )
         self.ctx = LlamaContext(self.model, ctx_settings, capture.callback if capture else None)
-        self.session = KVMemSession(self.ctx, kv, n_ctx, index, capture, self.tracer, self.is_eog)
+        self.session = KVMemSession(
+            self.ctx, kv, n_ctx, index, capture, self.tracer, self.is_eog, store=self.disk_store
+        )
+        if self.disk_store is not None:
+            self._load_stored_session(index)
         self.stats = EngineStats(gpu_cells_max=self.session.capacity)
         self._eog: tuple[int, ...] | None = None
         logger.info(
@@ -99,6 +106,20 @@ class Engine:
             self.session.capacity,
             kv.enabled,
         )
+
+    def _load_stored_session(self, index: RetrievalIndex | None) -> None:
+        assert self.disk_store is not None
+        geometry = self.key_geometry
+        fingerprint = store_fingerprint(
+            self.info,
+            self.settings.kvmem,
+            self.settings.cache_types,
+            self.settings.flash_attn,
+            geometry.k_rotation if geometry is not None else 0,
+            index.layers if index is not None else (),
+        )
+        self.persister = SessionPersister(self.session, self.disk_store, fingerprint, self.tracer)
+        self.persister.load()
 
     def _retrieval_parts(self) -> tuple[RetrievalIndex | None, QueryCapture | None]:
         kv, info = self.settings.kvmem, self.info
@@ -193,6 +214,7 @@ class Engine:
             )
         finally:
             self._account(self.session.last_turn)
+            self._persist()
 
     def teacher_force(
         self, prompt: Sequence[int], continuation: Sequence[int], *, query: TokenSpan | None = None
@@ -201,6 +223,13 @@ class Engine:
             return self.session.teacher_force(prompt, continuation, query=query)
         finally:
             self._account(self.session.last_turn)
+            self._persist()
+
+    def _persist(self) -> None:
+        """Checkpoint the session to --kvmem-disk-dir (queued behind the block writes)."""
+        if self.persister is not None:
+            self.persister.persist()
+            self.persister.emit_tier()
 
     @property
     def last_turn(self) -> TurnStats:
@@ -212,11 +241,30 @@ class Engine:
         self.stats.host_blocks = len(self.session.store)
         self.stats.gpu_cells_used = self.session.window.cells_used()
         self.stats.gpu_cells_peak = self.session.window.peak_cells
+        store = self.disk_store
+        if store is not None:
+            t = store.tier
+            self.stats.tier_ram_hits, self.stats.tier_ram_misses = t.ram_hits, t.ram_misses
+            self.stats.tier_ram_bytes, self.stats.tier_ram_blocks = (
+                store.ram_bytes,
+                store.ram_blocks,
+            )
+            self.stats.tier_disk_bytes, self.stats.tier_disk_blocks = (
+                store.disk_bytes,
+                store.disk_blocks,
+            )
+            self.stats.tier_disk_read_bytes = t.disk_read_bytes
+            self.stats.tier_disk_write_bytes = t.disk_write_bytes
+            self.stats.tier_write_failures = t.write_failures
+            self.stats.tier_degraded = int(store.degraded is not None)
 
     def reset(self) -> None:
         self.session.reset()
+        self._persist()
 
     def close(self) -> None:
+        if self.disk_store is not None:
+            self.disk_store.close()
         if isinstance(self.session.index, BackgroundIndex):
             self.session.index.close()
         self.ctx.close()
