@@ -170,3 +170,15 @@ def test_summary_is_tied_to_the_block_version(tmp_path: Path) -> None:
     assert np.array_equal(read_summary(tmp_path, 5, b"d" * 16), summary)
     assert read_summary(tmp_path, 5, b"e" * 16) is None  # another version of block 5
     assert read_summary(tmp_path, 6, b"d" * 16) is None
+
+
+def test_a_killed_writers_temporary_files_are_removed(tmp_path: Path) -> None:
+    (tmp_path / "blocks").mkdir()
+    half = tmp_path / "blocks" / ".b00000001.kvb.4242.tmp"
+    half.write_bytes(b"KVMB" + bytes(10))
+    manifest_tmp = tmp_path / ".session.kvm.4242.tmp"
+    manifest_tmp.write_bytes(b"KVMS")
+    s = TieredStore(tmp_path)
+    assert not half.exists() and not manifest_tmp.exists()
+    assert s.block_ids() == () and s.disk_blocks == 0
+    s.close()

@@ -88,6 +88,8 @@ class TieredStore:
         self.blocks_dir = self.directory / "blocks"
         self.blocks_dir.mkdir(parents=True, exist_ok=True)
         self._lock_file = _lock_directory(self.directory)
+        for stale in [*self.blocks_dir.glob(".b*.tmp"), *self.directory.glob(".*.tmp")]:
+            stale.unlink(missing_ok=True)  # a write a killed process left half done
         self.ram_cap = ram_cap_bytes  # 0: unlimited
         self.disk_cap = disk_cap_bytes  # 0: unlimited
         self._fingerprint = fingerprint
