@@ -5,6 +5,7 @@ Validation raises `ConfigError` naming the flag, and runs before any model is lo
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -124,6 +125,9 @@ class KVMemConfig:
         path = Path(self.disk_dir)
         if path.exists() and not path.is_dir():
             raise ConfigError("--kvmem-disk-dir", f"{self.disk_dir} exists and is not a directory")
+        existing = next((p for p in (path, *path.parents) if p.exists()), None)
+        if existing is None or not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError("--kvmem-disk-dir", f"{self.disk_dir} is not writable")
 
     @property
     def gpu_cells(self) -> int:

@@ -30,7 +30,7 @@ import llama_cpp
 import numpy as np
 
 from kvmem.config import KVCacheTypes, KVMemConfig
-from kvmem.errors import StoreCorruptError
+from kvmem.errors import ConfigError, StoreCorruptError
 from kvmem.memory.ggml_types import GgmlType
 from kvmem.memory.retrieval_index import N_STATS, BlockKeys
 from kvmem.memory.session_manifest import (
@@ -57,9 +57,16 @@ def open_tiered_store(config: KVMemConfig) -> TieredStore | None:
     """The block store for `--kvmem-disk-dir` (None without one); locks the directory."""
     if config.disk_dir is None:
         return None
-    return TieredStore(
-        config.disk_dir, ram_cap_bytes=config.host_mib * MIB, disk_cap_bytes=config.disk_mib * MIB
-    )
+    try:
+        return TieredStore(
+            config.disk_dir,
+            ram_cap_bytes=config.host_mib * MIB,
+            disk_cap_bytes=config.disk_mib * MIB,
+        )
+    except OSError as exc:
+        raise ConfigError(
+            "--kvmem-disk-dir", f"cannot use {config.disk_dir}: {exc.strerror or exc}"
+        ) from None
 
 
 def model_file_identity(path: str) -> tuple[int, str]:
