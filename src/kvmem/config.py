@@ -76,6 +76,7 @@ class KVMemConfig:
     disk_dir: str | None = None
     host_mib: int = 0  # RAM cap of the block store; 0: unlimited
     disk_mib: int = 0  # disk cap; 0: unlimited
+    conversations: int = 1  # sessions kept warm (engine/conversations.py)
 
     def validate(self) -> None:
         """Raise ConfigError for the first invalid value, naming its flag."""
@@ -108,6 +109,14 @@ class KVMemConfig:
         self._validate_disk_tier()
 
     def _validate_disk_tier(self) -> None:
+        _positive("--kvmem-conversations", self.conversations)
+        if self.conversations > 1 and self.disk_dir is not None:
+            raise ConfigError(
+                "--kvmem-conversations",
+                "several conversations with --kvmem-disk-dir are not supported yet",
+            )
+        if self.conversations > 1 and not self.enabled:
+            raise ConfigError("--kvmem-conversations", "needs KVMem: drop --no-kvmem")
         for flag, value in (
             ("--kvmem-host-mib", self.host_mib),
             ("--kvmem-disk-mib", self.disk_mib),

@@ -1,4 +1,4 @@
-"""--kvmem-disk-dir / --kvmem-host-mib / --kvmem-disk-mib: parsing and validation."""
+"""--kvmem-disk-dir / -host-mib / -disk-mib / --kvmem-conversations: parsing, validation."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ def kvmem(*argv: str):
 
 def test_defaults_are_ram_only() -> None:
     kv = kvmem()
-    assert (kv.disk_dir, kv.host_mib, kv.disk_mib) == (None, 0, 0)
+    assert (kv.disk_dir, kv.host_mib, kv.disk_mib, kv.conversations) == (None, 0, 0, 1)
+    assert kvmem("--kvmem-conversations", "3").conversations == 3
 
 
 def test_values_are_parsed(tmp_path: Path) -> None:
@@ -34,6 +35,13 @@ def test_values_are_parsed(tmp_path: Path) -> None:
         (["--kvmem-disk-dir", "{d}", "--kvmem-host-mib", "-1"], "--kvmem-host-mib", "must be >= 0"),
         (["--kvmem-disk-dir", "{d}", "--no-kvmem"], "--kvmem-disk-dir", "needs KVMem"),
         (["--kvmem-disk-dir", "{f}"], "--kvmem-disk-dir", "exists and is not a directory"),
+        (["--kvmem-conversations", "0"], "--kvmem-conversations", "must be a positive number"),
+        (
+            ["--kvmem-conversations", "2", "--kvmem-disk-dir", "{d}"],
+            "--kvmem-conversations",
+            "not supported yet",
+        ),
+        (["--kvmem-conversations", "2", "--no-kvmem"], "--kvmem-conversations", "needs KVMem"),
     ],
 )
 def test_invalid_combinations_fail_before_the_model_loads(

@@ -195,6 +195,14 @@ def add_kvmem_arguments(parser: argparse.ArgumentParser) -> None:
         help="disk cap of the block store in MiB (default: 0 = no cap)",
     )
     group.add_argument(
+        "--kvmem-conversations",
+        type=strict_int,
+        default=1,
+        metavar="N",
+        help="conversations kept warm in host memory; a request goes to the one sharing "
+        "the longest prefix (default: 1)",
+    )
+    group.add_argument(
         "--kvmem-trace",
         dest="kvmem_trace",
         action="store_true",
@@ -252,6 +260,7 @@ def kvmem_config_from_args(ns: argparse.Namespace, trace_env: bool = False) -> K
         disk_dir=ns.kvmem_disk_dir,
         host_mib=ns.kvmem_host_mib,
         disk_mib=ns.kvmem_disk_mib,
+        conversations=ns.kvmem_conversations,
     )
     config.validate()
     return KVMemFlags(kvmem=config, cache_types=cache_types_from_args(ns))

@@ -22,6 +22,7 @@ from kvmem.memory.rope import k_rotation_size
 
 from .background_index import BackgroundIndex
 from .context import ContextSettings, LlamaContext
+from .conversations import ConversationPool
 from .llama_lib import ggml_base
 from .model import LlamaModel, ModelInfo, resolve_model_path
 from .query_capture import QueryCapture
@@ -80,6 +81,7 @@ class Engine:
         self.tracer = Tracer(kv.trace, trace_stream)
         self.key_geometry: KeyGeometry | None = None
         index, capture = self._retrieval_parts()
+        self._capture = capture
         ctx_settings = ContextSettings(
             n_cells=cells,
             n_batch=settings.n_batch,
@@ -97,6 +99,11 @@ class Engine:
         )
         if self.disk_store is not None:
             self._load_stored_session(index)
+        self.pool: ConversationPool | None = None
+        if kv.conversations > 1:
+            self.pool = ConversationPool(
+                kv.conversations, self.session, self._new_session, self.tracer
+            )
         self.stats = EngineStats(gpu_cells_max=self.session.capacity)
         self._eog: tuple[int, ...] | None = None
         logger.info(
@@ -105,6 +112,17 @@ class Engine:
             n_ctx,
             self.session.capacity,
             kv.enabled,
+        )
+
+    def _new_session(self) -> KVMemSession:
+        """Another conversation on this context (--kvmem-conversations)."""
+        kv, index = self.settings.kvmem, None
+        if self.key_geometry is not None and kv.method is RetrievalMethod.RETRIEVAL:
+            layers = kv.score_layers or default_score_layers(self.info.n_layer)
+            workers = max(1, min(4, (os.cpu_count() or 2) // 4))
+            index = BackgroundIndex(self.key_geometry, layers, workers)
+        return KVMemSession(
+            self.ctx, kv, self.info.n_ctx, index, self._capture, self.tracer, self.is_eog
         )
 
     def _load_stored_session(self, index: RetrievalIndex | None) -> None:
@@ -201,6 +219,8 @@ class Engine:
         sampling = sampling or SamplingParams()
         if sampling.seed < 0 and self.settings.seed >= 0:
             sampling = _with_seed(sampling, self.settings.seed)
+        if self.pool is not None:
+            self.session = self.pool.route(prompt)
         try:
             yield from self.session.generate(
                 prompt,
@@ -219,6 +239,8 @@ class Engine:
     def teacher_force(
         self, prompt: Sequence[int], continuation: Sequence[int], *, query: TokenSpan | None = None
     ) -> np.ndarray:
+        if self.pool is not None:
+            self.session = self.pool.route(prompt)
         try:
             return self.session.teacher_force(prompt, continuation, query=query)
         finally:
@@ -237,8 +259,16 @@ class Engine:
 
     def _account(self, turn: TurnStats) -> None:
         self.stats.add_turn(turn)
-        self.stats.host_store_bytes = self.session.store.nbytes
-        self.stats.host_blocks = len(self.session.store)
+        sessions = [c.session for c in self.pool.conversations] if self.pool else [self.session]
+        self.stats.host_store_bytes = sum(s.store.nbytes for s in sessions)
+        self.stats.host_blocks = sum(len(s.store) for s in sessions)
+        if self.pool is not None:
+            self.stats.conversations = sum(
+                1 for c in self.pool.conversations if c.first_prompt_tokens
+            )
+            self.stats.conversation_switches = self.pool.cost.switches
+            self.stats.conversation_switch_ms = self.pool.cost.ms
+            self.stats.conversations_evicted = self.pool.evicted
         self.stats.gpu_cells_used = self.session.window.cells_used()
         self.stats.gpu_cells_peak = self.session.window.peak_cells
         store = self.disk_store
@@ -265,6 +295,8 @@ class Engine:
     def close(self) -> None:
         if self.disk_store is not None:
             self.disk_store.close()
+        if self.pool is not None:
+            self.pool.close()
         if isinstance(self.session.index, BackgroundIndex):
             self.session.index.close()
         self.ctx.close()

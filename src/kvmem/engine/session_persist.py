@@ -142,6 +142,15 @@ def _layout_from_json(data: dict[str, Any]) -> StateLayout:
     return StateLayout(v_trans=bool(data["v_trans"]), layers=layers)
 
 
+def initial_window(config: KVMemConfig, n_blocks: int) -> list[int]:
+    """The sink blocks and the most recent blocks that fit the budget (all at their own
+    positions): the window a long prefill leaves, for a session that has none yet."""
+    slots = max(1, config.budget // config.block_tokens)
+    sink = list(range(min(config.sink_blocks, n_blocks, slots)))
+    recent = [b for b in range(n_blocks - 1, -1, -1) if b not in sink][: slots - len(sink)]
+    return sorted(sink + recent)
+
+
 class SessionPersister:
     """Loads and checkpoints one session in its TieredStore's directory."""
 
@@ -253,17 +262,9 @@ class SessionPersister:
                     self.store.mark_summary_saved(b, v)
             if missing:
                 s.index.add_blocks(missing)
-        s.transfer.restore(self._initial_window(n_ok))
+        s.transfer.restore(initial_window(s.config, n_ok))
         s.window.note_peak()
         return n_ok
-
-    def _initial_window(self, n_blocks: int) -> list[int]:
-        """The sink blocks and the most recent blocks that fit the budget."""
-        c = self.session.config
-        slots = max(1, c.budget // c.block_tokens)
-        sink = list(range(min(c.sink_blocks, n_blocks, slots)))
-        recent = [b for b in range(n_blocks - 1, -1, -1) if b not in sink][: slots - len(sink)]
-        return sorted(sink + recent)
 
     def _wipe(self) -> None:
         """Start fresh: forget the stored manifest and block files."""
@@ -354,4 +355,4 @@ class SessionPersister:
         )
 
 
-__all__ = ["SessionPersister", "open_tiered_store", "store_fingerprint"]
+__all__ = ["SessionPersister", "initial_window", "open_tiered_store", "store_fingerprint"]

@@ -77,6 +77,11 @@ class EngineStats:
     tier_disk_write_bytes: int = 0
     tier_write_failures: int = 0
     tier_degraded: int = 0
+    # --kvmem-conversations
+    conversations: int = 0
+    conversation_switches: int = 0
+    conversation_switch_ms: float = 0.0
+    conversations_evicted: int = 0
 
     def add_turn(self, turn: TurnStats) -> None:
         self.turns += 1

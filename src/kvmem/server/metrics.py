@@ -134,6 +134,28 @@ _ENGINE_METRICS: tuple[tuple[str, str, str, float, str], ...] = (
         1.0,
         "gauge",
     ),
+    ("kvmem_conversations", "conversations kept warm", "conversations", 1.0, "gauge"),
+    (
+        "kvmem_conversation_switches_total",
+        "GPU window swaps between conversations",
+        "conversation_switches",
+        1.0,
+        "counter",
+    ),
+    (
+        "kvmem_conversation_switch_seconds_total",
+        "time spent swapping the GPU window between conversations",
+        "conversation_switch_ms",
+        1e-3,
+        "counter",
+    ),
+    (
+        "kvmem_conversations_evicted_total",
+        "conversations evicted (least recently used)",
+        "conversations_evicted",
+        1.0,
+        "counter",
+    ),
     (
         "kvmem_gpu_cells_max",
         "KV cells of the GPU context (budget + reserve)",
