@@ -19,7 +19,7 @@ BT = 128
 def turn_tokens(engine: Engine, conv: str, turn: int) -> list[int]:
     return (
         engine.tokenize(f"\nUser ({conv}, turn {turn}): ")
-        + filler_tokens(engine, 150, seed=10 * ord(conv) + turn)[1:]
+        + filler_tokens(engine, 80, seed=10 * ord(conv) + turn)[1:]
     )
 
 
