@@ -5,8 +5,10 @@ Validation raises `ConfigError` naming the flag, and runs before any model is lo
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
 from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import GgmlType, parse_kv_type
@@ -75,6 +77,11 @@ class KVMemConfig:
     score_aggregate: ScoreAggregate = ScoreAggregate.MAX
     positions: PositionMode = PositionMode.GATHER
     trace: bool = False
+    # disk tier and restart-safe sessions (memory/tiered_store.py, engine/session_persist.py)
+    disk_dir: str | None = None
+    host_mib: int = 0  # RAM cap of the block store; 0: unlimited
+    disk_mib: int = 0  # disk cap; 0: unlimited
+    conversations: int = 1  # sessions kept warm (engine/conversations.py)
 
     def validate(self) -> None:
         """Raise ConfigError for the first invalid value, naming its flag."""
@@ -111,6 +118,37 @@ class KVMemConfig:
                 raise ConfigError(flag, f"must be >= 0 (or -1 for the default), got {value}")
         if any(layer < 0 for layer in self.score_layers):
             raise ConfigError("--kvmem-score-layers", "layer indices must be >= 0")
+        self._validate_disk_tier()
+
+    def _validate_disk_tier(self) -> None:
+        _positive("--kvmem-conversations", self.conversations)
+        if self.conversations > 1 and self.disk_dir is not None:
+            raise ConfigError(
+                "--kvmem-conversations",
+                "several conversations with --kvmem-disk-dir are not supported yet",
+            )
+        if self.conversations > 1 and not self.enabled:
+            raise ConfigError("--kvmem-conversations", "needs KVMem: drop --no-kvmem")
+        for flag, value in (
+            ("--kvmem-host-mib", self.host_mib),
+            ("--kvmem-disk-mib", self.disk_mib),
+        ):
+            if value < 0:
+                raise ConfigError(flag, f"must be >= 0, got {value}")
+            if value and self.disk_dir is None:
+                raise ConfigError(flag, "needs --kvmem-disk-dir (where blocks past the cap go)")
+        if self.disk_dir is None:
+            return
+        if not self.enabled:
+            raise ConfigError(
+                "--kvmem-disk-dir", "needs KVMem (it stores KVMem blocks): drop --no-kvmem"
+            )
+        path = Path(self.disk_dir)
+        if path.exists() and not path.is_dir():
+            raise ConfigError("--kvmem-disk-dir", f"{self.disk_dir} exists and is not a directory")
+        existing = next((p for p in (path, *path.parents) if p.exists()), None)
+        if existing is None or not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError("--kvmem-disk-dir", f"{self.disk_dir} is not writable")
 
     def tier_tokens(self) -> dict[str, int]:
         """The tier bounds in force (defaults resolved), by tier name."""

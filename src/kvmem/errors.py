@@ -52,6 +52,10 @@ class KVTransferError(KVMemError):
     """Moving KV between the GPU context and the host store failed."""
 
 
+class StoreCorruptError(KVMemError):
+    """A block file or session manifest on disk is torn, truncated or fails its checksum."""
+
+
 class InvalidRequestError(KVMemError):
     """A malformed API request (bad field, type or value)."""
 

@@ -196,6 +196,34 @@ def add_kvmem_arguments(parser: argparse.ArgumentParser) -> None:
         help="attention layers used for scoring (default: layers 1..n-1, 23 spread on deeper models)",
     )
     group.add_argument(
+        "--kvmem-disk-dir",
+        default=None,
+        metavar="DIR",
+        help="disk tier and restart-safe session store (default: none, RAM only)",
+    )
+    group.add_argument(
+        "--kvmem-host-mib",
+        type=strict_int,
+        default=0,
+        metavar="N",
+        help="RAM cap of the block store in MiB; older blocks go to disk (default: 0 = no cap)",
+    )
+    group.add_argument(
+        "--kvmem-disk-mib",
+        type=strict_int,
+        default=0,
+        metavar="N",
+        help="disk cap of the block store in MiB (default: 0 = no cap)",
+    )
+    group.add_argument(
+        "--kvmem-conversations",
+        type=strict_int,
+        default=1,
+        metavar="N",
+        help="conversations kept warm in host memory; a request goes to the one sharing "
+        "the longest prefix (default: 1)",
+    )
+    group.add_argument(
         "--kvmem-trace",
         dest="kvmem_trace",
         action="store_true",
@@ -254,6 +282,10 @@ def kvmem_config_from_args(ns: argparse.Namespace, trace_env: bool = False) -> K
         score_aggregate=ScoreAggregate(ns.kvmem_score_aggregate),
         positions=PositionMode(ns.kvmem_positions),
         trace=trace,
+        disk_dir=ns.kvmem_disk_dir,
+        host_mib=ns.kvmem_host_mib,
+        disk_mib=ns.kvmem_disk_mib,
+        conversations=ns.kvmem_conversations,
     )
     config.validate()
     return KVMemFlags(kvmem=config, cache_types=cache_types_from_args(ns))

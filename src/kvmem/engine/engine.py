@@ -23,11 +23,13 @@ from kvmem.memory.spans import PromptSpans
 
 from .background_index import BackgroundIndex
 from .context import ContextSettings, LlamaContext
+from .conversations import ConversationPool
 from .llama_lib import ggml_base
 from .model import LlamaModel, ModelInfo, resolve_model_path
 from .query_capture import QueryCapture
 from .sampler import Sampler, SamplingParams
 from .session import KVMemSession
+from .session_persist import SessionPersister, open_tiered_store, store_fingerprint
 from .trace import EngineStats, Tracer, TurnStats
 from .window import TokenSpan
 
@@ -69,6 +71,8 @@ class Engine:
         settings.validate()
         path = resolve_model_path(settings.model_path)
         self.settings = settings
+        self.disk_store = open_tiered_store(settings.kvmem)  # locks --kvmem-disk-dir first
+        self.persister: SessionPersister | None = None
         self.model = LlamaModel(path, settings.n_gpu_layers)
         train_ctx = llama_cpp.llama_model_n_ctx_train(self.model.ptr)
         n_ctx = settings.n_ctx or train_ctx
@@ -78,6 +82,7 @@ class Engine:
         self.tracer = Tracer(kv.trace, trace_stream)
         self.key_geometry: KeyGeometry | None = None
         index, capture = self._retrieval_parts()
+        self._capture = capture
         ctx_settings = ContextSettings(
             n_cells=cells,
             n_batch=settings.n_batch,
@@ -90,7 +95,16 @@ class Engine:
             offload_kqv=settings.offload_kqv,
         )
         self.ctx = LlamaContext(self.model, ctx_settings, capture.callback if capture else None)
-        self.session = KVMemSession(self.ctx, kv, n_ctx, index, capture, self.tracer, self.is_eog)
+        self.session = KVMemSession(
+            self.ctx, kv, n_ctx, index, capture, self.tracer, self.is_eog, store=self.disk_store
+        )
+        if self.disk_store is not None:
+            self._load_stored_session(index)
+        self.pool: ConversationPool | None = None
+        if kv.conversations > 1:
+            self.pool = ConversationPool(
+                kv.conversations, self.session, self._new_session, self.tracer
+            )
         self.stats = EngineStats(gpu_cells_max=self.session.capacity)
         self._eog: tuple[int, ...] | None = None
         logger.info(
@@ -100,6 +114,31 @@ class Engine:
             self.session.capacity,
             kv.enabled,
         )
+
+    def _new_session(self) -> KVMemSession:
+        """Another conversation on this context (--kvmem-conversations)."""
+        kv, index = self.settings.kvmem, None
+        if self.key_geometry is not None and kv.method is RetrievalMethod.RETRIEVAL:
+            layers = kv.score_layers or default_score_layers(self.info.n_layer)
+            workers = max(1, min(4, (os.cpu_count() or 2) // 4))
+            index = BackgroundIndex(self.key_geometry, layers, workers)
+        return KVMemSession(
+            self.ctx, kv, self.info.n_ctx, index, self._capture, self.tracer, self.is_eog
+        )
+
+    def _load_stored_session(self, index: RetrievalIndex | None) -> None:
+        assert self.disk_store is not None
+        geometry = self.key_geometry
+        fingerprint = store_fingerprint(
+            self.info,
+            self.settings.kvmem,
+            self.settings.cache_types,
+            self.settings.flash_attn,
+            geometry.k_rotation if geometry is not None else 0,
+            index.layers if index is not None else (),
+        )
+        self.persister = SessionPersister(self.session, self.disk_store, fingerprint, self.tracer)
+        self.persister.load()
 
     def _retrieval_parts(self) -> tuple[RetrievalIndex | None, QueryCapture | None]:
         kv, info = self.settings.kvmem, self.info
@@ -185,6 +224,8 @@ class Engine:
         sampling = sampling or SamplingParams()
         if sampling.seed < 0 and self.settings.seed >= 0:
             sampling = _with_seed(sampling, self.settings.seed)
+        if self.pool is not None:
+            self.session = self.pool.route(prompt)
         try:
             yield from self.session.generate(
                 prompt,
@@ -198,6 +239,7 @@ class Engine:
             )
         finally:
             self._account(self.session.last_turn)
+            self._persist()
 
     def teacher_force(
         self,
@@ -206,10 +248,19 @@ class Engine:
         *,
         query: PromptSpans | TokenSpan | None = None,
     ) -> np.ndarray:
+        if self.pool is not None:
+            self.session = self.pool.route(prompt)
         try:
             return self.session.teacher_force(prompt, continuation, query=query)
         finally:
             self._account(self.session.last_turn)
+            self._persist()
+
+    def _persist(self) -> None:
+        """Checkpoint the session to --kvmem-disk-dir (queued behind the block writes)."""
+        if self.persister is not None:
+            self.persister.persist()
+            self.persister.emit_tier()
 
     def window_tiers(self) -> dict[str, list[int]]:
         """The blocks each tier of the last window plan holds."""
@@ -221,15 +272,44 @@ class Engine:
 
     def _account(self, turn: TurnStats) -> None:
         self.stats.add_turn(turn)
-        self.stats.host_store_bytes = self.session.store.nbytes
-        self.stats.host_blocks = len(self.session.store)
+        sessions = [c.session for c in self.pool.conversations] if self.pool else [self.session]
+        self.stats.host_store_bytes = sum(s.store.nbytes for s in sessions)
+        self.stats.host_blocks = sum(len(s.store) for s in sessions)
+        if self.pool is not None:
+            self.stats.conversations = sum(
+                1 for c in self.pool.conversations if c.first_prompt_tokens
+            )
+            self.stats.conversation_switches = self.pool.cost.switches
+            self.stats.conversation_switch_ms = self.pool.cost.ms
+            self.stats.conversations_evicted = self.pool.evicted
         self.stats.gpu_cells_used = self.session.window.cells_used()
         self.stats.gpu_cells_peak = self.session.window.peak_cells
+        store = self.disk_store
+        if store is not None:
+            t = store.tier
+            self.stats.tier_ram_hits, self.stats.tier_ram_misses = t.ram_hits, t.ram_misses
+            self.stats.tier_ram_bytes, self.stats.tier_ram_blocks = (
+                store.ram_bytes,
+                store.ram_blocks,
+            )
+            self.stats.tier_disk_bytes, self.stats.tier_disk_blocks = (
+                store.disk_bytes,
+                store.disk_blocks,
+            )
+            self.stats.tier_disk_read_bytes = t.disk_read_bytes
+            self.stats.tier_disk_write_bytes = t.disk_write_bytes
+            self.stats.tier_write_failures = t.write_failures
+            self.stats.tier_degraded = int(store.degraded is not None)
 
     def reset(self) -> None:
         self.session.reset()
+        self._persist()
 
     def close(self) -> None:
+        if self.disk_store is not None:
+            self.disk_store.close()
+        if self.pool is not None:
+            self.pool.close()
         if isinstance(self.session.index, BackgroundIndex):
             self.session.index.close()
         self.ctx.close()

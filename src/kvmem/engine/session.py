@@ -23,7 +23,7 @@ import numpy as np
 from kvmem.config import KVMemConfig, QueryPolicy
 from kvmem.errors import ContextLengthExceededError, InvalidRequestError, TurnCancelledError
 from kvmem.memory.block_table import BlockTable
-from kvmem.memory.host_store import HostStore
+from kvmem.memory.host_store import BlockStore, HostStore
 from kvmem.memory.retrieval_index import RetrievalIndex
 from kvmem.memory.scorer import QueryVectors
 from kvmem.memory.spans import PromptSpans, TokenSpan
@@ -50,12 +50,13 @@ class KVMemSession:
         capture: QueryCapture | None,
         tracer: Tracer,
         is_eog,
+        store: BlockStore | None = None,  # the block store; None: a RAM HostStore
     ) -> None:
         self.ctx = ctx
         self.config = config
         self.n_ctx = n_ctx
         self.table = BlockTable(config.block_tokens)
-        self.store = HostStore()
+        self.store = HostStore() if store is None else store
         self.index = index
         self.capture = capture if config.enabled else None
         self.tracer = tracer

@@ -81,6 +81,22 @@ class EngineStats:
     gpu_cells_used: int = 0
     gpu_cells_max: int = 0
     gpu_cells_peak: int = 0
+    # the disk tier (--kvmem-disk-dir); zero without one
+    tier_ram_hits: int = 0
+    tier_ram_misses: int = 0
+    tier_ram_bytes: int = 0
+    tier_ram_blocks: int = 0
+    tier_disk_bytes: int = 0
+    tier_disk_blocks: int = 0
+    tier_disk_read_bytes: int = 0
+    tier_disk_write_bytes: int = 0
+    tier_write_failures: int = 0
+    tier_degraded: int = 0
+    # --kvmem-conversations
+    conversations: int = 0
+    conversation_switches: int = 0
+    conversation_switch_ms: float = 0.0
+    conversations_evicted: int = 0
 
     def add_turn(self, turn: TurnStats) -> None:
         self.turns += 1

@@ -2,7 +2,9 @@
 
 Rows are kept in the KV cache's own type (raw bytes, f16/f32/q8_0/q5_0/q4_0), exactly as
 llama.cpp's sequence-state blob holds them, so a restore is a bit-exact round trip.
-`BlockStore` is the seam a disk tier will implement as well.
+`BlockStore` is the seam every tier implements: `TieredStore` (memory/tiered_store.py) puts a
+disk tier under this RAM store, and a shared keyed store (docs/architecture.md) would
+implement the same five operations.
 """
 
 from __future__ import annotations
@@ -56,7 +58,11 @@ class HostStoreStats:
 
 @runtime_checkable
 class BlockStore(Protocol):
-    """Where completed blocks live off the GPU (host memory now, disk later)."""
+    """Where completed blocks live off the GPU: put, get, drop, list, and a fingerprint.
+
+    `fingerprint` names the KV format the blocks are in (model, hparams, cache types,
+    block size, ...); a store that outlives the process refuses blocks of another one.
+    """
 
     def put(self, block: BlockKV) -> None: ...
 
@@ -64,10 +70,20 @@ class BlockStore(Protocol):
 
     def drop(self, block_ids: Iterable[int]) -> int: ...
 
+    def block_ids(self) -> tuple[int, ...]: ...
+
     def __contains__(self, block_id: object) -> bool: ...
+
+    def __len__(self) -> int: ...
 
     @property
     def nbytes(self) -> int: ...
+
+    @property
+    def stats(self) -> HostStoreStats: ...
+
+    @property
+    def fingerprint(self) -> str: ...
 
 
 class HostStore:
@@ -78,7 +94,8 @@ class HostStore:
     never keeps more memory alive than `nbytes` says.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, fingerprint: str = "") -> None:
+        self._fingerprint = fingerprint
         self._blocks: dict[int, BlockKV] = {}
         self._nbytes = 0
         self._stats = HostStoreStats()
@@ -142,6 +159,11 @@ class HostStore:
     @property
     def stats(self) -> HostStoreStats:
         return self._stats
+
+    @property
+    def fingerprint(self) -> str:
+        """What the stored blocks' KV format is (empty: not tracked)."""
+        return self._fingerprint
 
 
 def _owned(a: np.ndarray) -> np.ndarray:
