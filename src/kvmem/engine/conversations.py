@@ -25,7 +25,7 @@ import numpy as np
 
 from .session import KVMemSession
 from .session_persist import initial_window
-from .trace import Tracer
+from .trace import TraceKind, Tracer, TurnStats
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class ConversationPool:
             victim.first_prompt_tokens, victim.history = 0, None
             self.evicted += 1
             logger.info("conversation %d evicted (least recently used)", victim.conv_id)
-            self.tracer.emit("CONV_EVICT", conversation=victim.conv_id)
+            self.tracer.emit(TraceKind.CONV_EVICT, conversation=victim.conv_id)
             victim.conv_id, self._next_id = self._next_id, self._next_id + 1
             return victim
         conv = Conversation(self._next_id, self._make())
@@ -122,8 +122,7 @@ class ConversationPool:
         restored = 0
         n = s.table.n_complete_blocks
         if n:
-            res = s.transfer.restore(initial_window(s.config, n))
-            restored = res.blocks
+            restored = s.window.restore_own(initial_window(s.config, n), TurnStats())
         s.window.last_plan = None
         s.window.note_peak()
         self.active = conv
@@ -133,7 +132,7 @@ class ConversationPool:
         self.cost.restored_blocks += restored
         self.cost.dropped_tail_tokens += dropped
         self.tracer.emit(
-            "SWITCH",
+            TraceKind.SWITCH,
             from_conv="-" if old is None else old.conv_id,
             to_conv=conv.conv_id,
             restored=restored,
@@ -149,9 +148,7 @@ class ConversationPool:
         dropped = s.table.n_tokens - keep
         s.table.truncate(keep)
         s.ctx.clear()
-        s.transfer.forget()
-        s.table.mark_off_gpu(s.table.gpu_blocks())
-        s.window.last_plan = None
+        s.window.reset()
         return dropped
 
     def close(self) -> None:

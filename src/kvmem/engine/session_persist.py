@@ -46,7 +46,7 @@ from kvmem.memory.tiered_store import MIB, TieredStore, read_block_file
 from .model import ModelInfo
 from .session import KVMemSession
 from .state_codec import LayerLayout, StateLayout
-from .trace import Tracer
+from .trace import TraceKind, Tracer, TurnStats
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ class SessionPersister:
             ms,
         )
         self.tracer.emit(
-            "LOAD",
+            TraceKind.LOAD,
             tokens=self.loaded_tokens,
             blocks=n_ok,
             stored_blocks=manifest.n_blocks,
@@ -251,8 +251,7 @@ class SessionPersister:
         self._remove_files_from(n_ok)
         if n_ok == 0:
             return 0
-        s.table.append(manifest.tokens[: n_ok * bt].tolist())
-        s.table.mark_in_host(range(n_ok))
+        s.window.adopt(manifest.tokens[: n_ok * bt].tolist(), range(n_ok))
         s.transfer.layout = _layout_from_json(manifest.layout)
         if s.index is not None:
             if summaries:
@@ -262,7 +261,7 @@ class SessionPersister:
                     self.store.mark_summary_saved(b, v)
             if missing:
                 s.index.add_blocks(missing)
-        s.transfer.restore(initial_window(s.config, n_ok))
+        s.window.restore_own(initial_window(s.config, n_ok), TurnStats())
         s.window.note_peak()
         return n_ok
 
@@ -335,14 +334,14 @@ class SessionPersister:
             self._committed = key
             store.tier.checkpoints += 1
             store.tier.checkpoint_tokens = k * bt
-            self.tracer.emit("CHECKPOINT", tokens=k * bt, blocks=k, of_blocks=len(ids))
+            self.tracer.emit(TraceKind.CHECKPOINT, tokens=k * bt, blocks=k, of_blocks=len(ids))
 
         self.store.checkpoint(job)
 
     def emit_tier(self) -> None:
         t, st = self.store.tier, self.store
         self.tracer.emit(
-            "TIER",
+            TraceKind.TIER,
             ram_hits=t.ram_hits,
             ram_misses=t.ram_misses,
             ram_blocks=st.ram_blocks,

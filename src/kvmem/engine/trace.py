@@ -22,6 +22,11 @@ class TraceKind(Enum):
     TIER_DROP = "TIER_DROP"  # a pinned tier's blocks past its bound or the budget
     TRUNCATE = "TRUNCATE"  # history forgotten after a divergence
     GEN = "GEN"  # a turn's generation
+    LOAD = "LOAD"  # a stored session loaded from --kvmem-disk-dir
+    CHECKPOINT = "CHECKPOINT"  # a turn's history checkpointed to disk
+    TIER = "TIER"  # host/disk tier counters
+    SWITCH = "SWITCH"  # the GPU window switched to another conversation
+    CONV_EVICT = "CONV_EVICT"  # a warm conversation evicted past --kvmem-conversations
 
 
 class FinishReason(Enum):

@@ -165,10 +165,23 @@ class GpuWindow:
         stats.restore_ms += res.ms
 
     def reset(self) -> None:
-        """The context was cleared: no block is anywhere."""
+        """The context was cleared: no block is on the GPU any more."""
+        self.table.mark_off_gpu(self.table.gpu_blocks())
         self.moved.clear()
         self._seen.clear()
         self.last_plan = None
+
+    def adopt(self, tokens: Sequence[int], host_blocks: Sequence[int]) -> None:
+        """History loaded from a store: its complete blocks are in the host store only."""
+        self.table.append(tokens)
+        self.table.mark_in_host(host_blocks)
+
+    def restore_own(self, block_ids: Sequence[int], stats: TurnStats) -> int:
+        """Copy host blocks in at their own positions; returns how many came in."""
+        bt = self.table.block_tokens
+        wanted = [b for b in block_ids if not self.table.is_on_gpu(b)]
+        self.restore({b: b * bt for b in wanted}, stats)
+        return len(wanted)
 
     # prefill ---------------------------------------------------------------------------
     def stream_to(self, position: int, spans: PromptSpans, room: int, stats: TurnStats) -> None:
