@@ -135,19 +135,23 @@ class LlamaContext:
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.mem, True)
 
-    def get_state(self, seq: int) -> memoryview:
-        size = llama_cpp.llama_state_seq_get_size(self.ptr, seq)
+    def get_state(self, seq: int, flags: int = 0) -> memoryview:
+        """The sequence's state blob; flags: LLAMA_STATE_SEQ_FLAGS_* (PARTIAL_ONLY = 1: the
+        recurrent part of a hybrid memory alone)."""
+        size = llama_cpp.llama_state_seq_get_size_ext(self.ptr, seq, flags)
         buf = np.empty(size, dtype=np.uint8)  # [size]
-        n = llama_cpp.llama_state_seq_get_data(self.ptr, _u8_ptr(buf), size, seq)
+        n = llama_cpp.llama_state_seq_get_data_ext(self.ptr, _u8_ptr(buf), size, seq, flags)
         if n == 0:
-            raise KVTransferError(f"llama_state_seq_get_data({seq}) failed")
+            raise KVTransferError(f"llama_state_seq_get_data({seq}, flags={flags}) failed")
         return memoryview(buf)[:n]
 
-    def set_state(self, blob: bytes | np.ndarray, seq: int) -> None:
+    def set_state(self, blob: bytes | np.ndarray, seq: int, flags: int = 0) -> None:
         buf = np.frombuffer(blob, dtype=np.uint8)  # [size], no copy
-        n = llama_cpp.llama_state_seq_set_data(self.ptr, _u8_ptr(buf), len(buf), seq)
+        n = llama_cpp.llama_state_seq_set_data_ext(self.ptr, _u8_ptr(buf), len(buf), seq, flags)
         if n == 0:
-            raise KVTransferError(f"llama_state_seq_set_data({seq}) failed (no free cells?)")
+            raise KVTransferError(
+                f"llama_state_seq_set_data({seq}, flags={flags}) failed (no free cells?)"
+            )
 
     def close(self) -> None:
         if self.ptr:
