@@ -128,7 +128,10 @@ def read_recurrent_part(r: StateReader, n_attention: int | None) -> RecurrentSta
     positions = meta[:, 0].astype(np.int32)  # [n_cells]
     s_trans, n_layer = r.unpack("<II")
     if s_trans != 0:
-        raise StateFormatError(f"recurrent state with s_trans = {s_trans} is not supported")
+        raise StateFormatError(
+            f"unknown recurrent layout: s_trans = {s_trans} (llama.cpp writes 0; "
+            "an attention part where a recurrent part should be?)"
+        )
     if n_layer == 0 or n_layer > 4096:
         raise StateFormatError(f"implausible recurrent header: {n_layer} layers")
     entries: list[tuple[GgmlType, int, np.ndarray]] = []
