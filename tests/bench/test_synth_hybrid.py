@@ -142,7 +142,7 @@ def _decode_logits(path: Path, load_mtp: bool = False) -> tuple[np.ndarray, obje
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
     assert model
     cp = llama_cpp.llama_context_default_params()
-    cp.n_ctx, cp.n_threads, cp.n_threads_batch = 64, 2, 2
+    cp.n_ctx, cp.n_threads, cp.n_threads_batch = 64, 1, 1
     ctx = llama_cpp.llama_init_from_model(model, cp)
     assert ctx
     if load_mtp:
@@ -185,7 +185,7 @@ def test_mtp_head_loads_and_decodes(models: dict[str, Path]) -> None:
     ).astype(np.float32)  # [n_tokens, n_embd]
     assert np.isfinite(h).all() and np.isfinite(logits).all()
     cp = llama_cpp.llama_context_default_params()
-    cp.n_ctx, cp.n_threads, cp.n_threads_batch = 64, 2, 2
+    cp.n_ctx, cp.n_threads, cp.n_threads_batch = 64, 1, 1
     cp.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
     mtp = llama_cpp.llama_init_from_model(model, cp)
     assert mtp

@@ -42,7 +42,7 @@ def model(tiny_hybrid_path: Path) -> Iterator[LlamaModel]:  # noqa: F811
 
 @pytest.fixture(scope="module", params=[True, False], ids=["flash", "v_trans"])
 def ctx(request: pytest.FixtureRequest, model: LlamaModel) -> Iterator[LlamaContext]:
-    c = LlamaContext(model, ContextSettings(n_cells=256, n_threads=2, flash_attn=request.param))
+    c = LlamaContext(model, ContextSettings(n_cells=256, n_threads=1, flash_attn=request.param))
     c.decode(TOKENS, 0, [False] * (len(TOKENS) - 1) + [True])
     yield c
     c.close()

@@ -38,7 +38,7 @@ def model(tiny_hybrid_path: Path) -> Iterator[LlamaModel]:  # noqa: F811
 
 
 def new_ctx(model: LlamaModel) -> LlamaContext:
-    return LlamaContext(model, ContextSettings(n_cells=128, n_threads=2))
+    return LlamaContext(model, ContextSettings(n_cells=128, n_threads=1))
 
 
 def decode(ctx: LlamaContext, tokens: list[int], start: int) -> np.ndarray:

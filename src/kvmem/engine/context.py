@@ -35,6 +35,9 @@ class ContextSettings:
     type_k: GgmlType = GgmlType.F16
     type_v: GgmlType = GgmlType.F16
     offload_kqv: bool = True
+    # recurrent-state rollback planes per sequence (hybrid models): seq_rm may then drop up
+    # to n_rs_seq tokens from the tail (speculative verification); 0 = no rollback
+    n_rs_seq: int = 0
 
 
 class Batch:
@@ -81,6 +84,7 @@ class LlamaContext:
         p.type_v = int(settings.type_v)
         p.kv_unified = True
         p.offload_kqv = settings.offload_kqv
+        p.n_rs_seq = settings.n_rs_seq
         p.no_perf = True
         if eval_callback is not None:
             p.cb_eval = eval_callback
@@ -96,6 +100,7 @@ class LlamaContext:
         self.n_batch = llama_cpp.llama_n_batch(ptr)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(model.vocab)
         self.mem = llama_cpp.llama_get_memory(ptr)
+        self.n_rs_seq = llama_cpp.llama_n_rs_seq(ptr)  # 0 where the model cannot roll back
         self._batch = Batch(self.n_batch)
 
     # decoding --------------------------------------------------------------------------

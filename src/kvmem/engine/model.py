@@ -109,6 +109,10 @@ class LlamaModel:
         """KV cells carry llama_kv_cell_ext in state blobs (M-RoPE models, e.g. qwen35)."""
         return bool(llama_cpp.llama_model_rope_type(self.ptr) & _ROPE_TYPE_MROPE_BIT)
 
+    def is_eog(self, token: int) -> bool:
+        """An end-of-generation token (EOS, EOT, ...)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(4096)
         n = llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
