@@ -20,6 +20,7 @@ part's layers). Anything else raises StateFormatError naming what was found.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,7 @@ from kvmem.memory.host_store import BlockKV
 from .state_codec import (
     STATE_MAGIC,
     SeqState,
+    StateLayout,
     StateReader,
     StateWriter,
     ggml_type_of,
@@ -185,19 +187,29 @@ def write_recurrent_part(writer: StateWriter, state: RecurrentState) -> None:
         writer.rows([rows], n_cells, row)
 
 
+def build_hybrid_state(
+    layout: StateLayout, blocks: Sequence[BlockKV], seq_id: int, recurrent: RecurrentState
+) -> np.ndarray:
+    """A hybrid blob that `llama_state_seq_set_data` restores as the cells of `blocks` with
+    `recurrent` as the sequence's recurrent state: uint8 [n_bytes]. Restoring attention
+    blocks through a staging sequence and `seq_cp` hands the staging sequence's recurrent
+    state to the target too, so pass the target's own (a PARTIAL_ONLY snapshot of it)."""
+    n_cells = sum(b.n_tokens for b in blocks)
+    size = 8 + kv_part_nbytes(layout, n_cells) + recurrent_part_nbytes(recurrent)
+    out = np.empty(size, dtype=np.uint8)  # [n_bytes]
+    writer = StateWriter(out)
+    writer.put(struct.pack("<Ii", STATE_MAGIC, seq_id))
+    write_kv_part(writer, layout, blocks, seq_id)
+    write_recurrent_part(writer, recurrent)
+    assert writer.at == size
+    return out
+
+
 def serialize_hybrid_state(state: HybridSeqState) -> np.ndarray:
     """The full blob of `state` (cells in parse order): uint8 [n_bytes]."""
     attn = state.attn
-    n_cells = len(attn.positions)
-    size = 8 + kv_part_nbytes(attn.layout, n_cells) + recurrent_part_nbytes(state.recurrent)
-    out = np.empty(size, dtype=np.uint8)  # [n_bytes]
-    writer = StateWriter(out)
-    writer.put(struct.pack("<Ii", STATE_MAGIC, state.seq_id))
-    blocks = [BlockKV(-1, attn.positions, attn.k, attn.v, attn.ext)] if n_cells else []
-    write_kv_part(writer, attn.layout, blocks, state.seq_id)
-    write_recurrent_part(writer, state.recurrent)
-    assert writer.at == size
-    return out
+    blocks = [BlockKV(-1, attn.positions, attn.k, attn.v, attn.ext)] if len(attn.positions) else []
+    return build_hybrid_state(attn.layout, blocks, state.seq_id, state.recurrent)
 
 
 def serialize_partial_state(state: PartialSeqState) -> np.ndarray:
