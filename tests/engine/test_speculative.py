@@ -13,6 +13,7 @@ from kvmem.engine.context import ContextSettings, LlamaContext
 from kvmem.engine.model import LlamaModel
 from kvmem.engine.sampler import Sampler, SamplingParams
 from kvmem.engine.speculative import accept_draft, verify_draft
+from kvmem.errors import DecodeError
 from kvmem.memory.ngram_draft import NgramDraftParams, draft_ngram
 
 from .spec_loops import plain_generate, spec_generate, tokenize
@@ -111,6 +112,9 @@ def test_oracle_and_wrong_drafts(
         assert ctx.seq_pos_max(0) == pos + 5
         with pytest.raises(ValueError, match="3 draft tokens need 4 logit rows"):
             accept_draft(ctx, sampler, [1, 2, 3], [0, 1], ctx.model.is_eog)
+        with pytest.raises(DecodeError, match="a draft of 64 tokens does not fit the batch of 64"):
+            verify_draft(ctx, sampler, pos + 6, result.tokens[-1], [1] * 64)
+        assert ctx.seq_pos_max(0) == pos + 5  # refused before decoding anything
     finally:
         sampler.close()
 
