@@ -9,14 +9,13 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from kvmem.bench.lookup_drafts import drafted_loop, plain_loop
 from kvmem.engine.context import ContextSettings, LlamaContext
 from kvmem.engine.model import LlamaModel
 from kvmem.engine.sampler import Sampler, SamplingParams
 from kvmem.engine.speculative import accept_draft, verify_draft
 from kvmem.errors import DecodeError
 from kvmem.memory.ngram_draft import NgramDraftParams, draft_ngram
-
-from .spec_loops import plain_generate, spec_generate, tokenize
 
 pytestmark = pytest.mark.slow
 
@@ -47,12 +46,12 @@ def ctx(smollm2_path: str) -> Iterator[LlamaContext]:
 
 @pytest.fixture(scope="module")
 def prompt(ctx: LlamaContext) -> list[int]:
-    return tokenize(ctx, PROMPT)
+    return ctx.model.tokenize(PROMPT, add_special=True)
 
 
 @pytest.fixture(scope="module")
 def plain_greedy(ctx: LlamaContext, prompt: list[int]) -> list[int]:
-    return plain_generate(ctx, prompt, N_NEW, GREEDY)
+    return plain_loop(ctx, prompt, N_NEW, GREEDY).tokens
 
 
 def ngram(n_draft: int):
@@ -64,7 +63,7 @@ def ngram(n_draft: int):
 def test_greedy_with_ngram_drafts_equals_plain_greedy(
     ctx: LlamaContext, prompt: list[int], plain_greedy: list[int], n_draft: int
 ) -> None:
-    run = spec_generate(ctx, prompt, N_NEW, GREEDY, ngram(n_draft))
+    run = drafted_loop(ctx, prompt, N_NEW, ngram(n_draft), GREEDY)
     assert run.tokens == plain_greedy
     assert len(plain_greedy) == N_NEW  # the model echoes the code (no early stop)
     assert run.accepted >= N_NEW // 3  # the echo is drafted from the prompt
@@ -76,8 +75,8 @@ def test_greedy_with_ngram_drafts_equals_plain_greedy(
 
 def test_sampled_with_drafts_equals_plain_sampling(ctx: LlamaContext, prompt: list[int]) -> None:
     # one random draw per emitted token in both loops: the same seed, the same output
-    plain = plain_generate(ctx, prompt, N_NEW, SAMPLED)
-    run = spec_generate(ctx, prompt, N_NEW, SAMPLED, ngram(6))
+    plain = plain_loop(ctx, prompt, N_NEW, SAMPLED).tokens
+    run = drafted_loop(ctx, prompt, N_NEW, ngram(6), SAMPLED)
     assert run.tokens == plain
     assert run.accepted > 0
 
@@ -90,7 +89,7 @@ def test_oracle_and_wrong_drafts(
         draft = plain_greedy[step : step + 6]
         return [t if (step + i) % 5 else (t + 1) % 1000 for i, t in enumerate(draft)]
 
-    run = spec_generate(ctx, prompt, N_NEW, GREEDY, oracle)
+    run = drafted_loop(ctx, prompt, N_NEW, oracle, GREEDY)
     assert run.tokens == plain_greedy
     assert 0 < run.accepted < run.drafted
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvmem.bench.lookup_drafts import drafted_loop, plain_loop
 from kvmem.engine.context import ContextSettings, LlamaContext
 from kvmem.engine.hybrid_codec import HybridSeqState, parse_hybrid_state
 from kvmem.engine.model import LlamaModel
 from kvmem.engine.sampler import SamplingParams
 
 from .hybrid_models import tiny_hybrid_path  # noqa: F401  (fixture)
-from .spec_loops import plain_generate, spec_generate
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def model(tiny_hybrid_path: Path) -> Iterator[LlamaModel]:  # noqa: F811
 def plain(model: LlamaModel) -> tuple[list[int], HybridSeqState]:
     ctx = LlamaContext(model, ContextSettings(n_cells=128, n_threads=1))
     try:
-        tokens = plain_generate(ctx, PROMPT, N_NEW, GREEDY)
+        tokens = plain_loop(ctx, PROMPT, N_NEW, GREEDY).tokens
         return tokens, parse_hybrid_state(bytes(ctx.get_state(0)), cell_ext=True)
     finally:
         ctx.close()
@@ -56,7 +56,7 @@ def test_hybrid_greedy_with_drafts_equals_plain(
     ctx = LlamaContext(model, ContextSettings(n_cells=128, n_threads=1, n_rs_seq=n_rs_seq))
     try:
         assert ctx.n_rs_seq == n_rs_seq  # qwen35 supports rollback planes
-        run = spec_generate(ctx, PROMPT, N_NEW, GREEDY, oracle)
+        run = drafted_loop(ctx, PROMPT, N_NEW, oracle, GREEDY)
         state = parse_hybrid_state(bytes(ctx.get_state(0)), cell_ext=True)
     finally:
         ctx.close()

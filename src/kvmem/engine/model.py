@@ -109,6 +109,22 @@ class LlamaModel:
         """KV cells carry llama_kv_cell_ext in state blobs (M-RoPE models, e.g. qwen35)."""
         return bool(llama_cpp.llama_model_rope_type(self.ptr) & _ROPE_TYPE_MROPE_BIT)
 
+    def tokenize(
+        self, text: str, add_special: bool = False, parse_special: bool = True
+    ) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 16
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(
+            self.vocab, data, len(data), buf, n_max, add_special, parse_special
+        )
+        if n < 0:
+            buf = (llama_cpp.llama_token * -n)()
+            n = llama_cpp.llama_tokenize(
+                self.vocab, data, len(data), buf, -n, add_special, parse_special
+            )
+        return list(buf[:n])
+
     def is_eog(self, token: int) -> bool:
         """An end-of-generation token (EOS, EOT, ...)."""
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
