@@ -14,6 +14,7 @@ from kvmem.engine.context import ContextSettings, LlamaContext
 from kvmem.engine.model import LlamaModel
 from kvmem.engine.recurrent_state import (
     PARTIAL_ONLY,
+    RecurrentCheckpoints,
     read_recurrent,
     restore_recurrent,
     rewind,
@@ -95,3 +96,49 @@ def test_restore_alone_keeps_attention_cells(model: LlamaModel) -> None:
         assert read_recurrent(ctx, 2).same_as(snap.parse())
     finally:
         ctx.close()
+
+
+def test_checkpoints_resume_inside_the_history(model: LlamaModel) -> None:
+    turns = [
+        [1, 50, 60, 70, 80, 90, 100, 110],
+        [200 + i for i in range(8)],
+        [300 + i for i in range(8)],
+    ]
+    history = [t for turn in turns for t in turn]
+    new = [500, 501, 502, 503]
+    ctx = new_ctx(model)
+    fresh = new_ctx(model)
+    try:
+        checkpoints = RecurrentCheckpoints(max_snapshots=2)
+        start = 0
+        for turn in turns:
+            decode(ctx, turn, start)
+            start += len(turn)
+            checkpoints.take(ctx)
+        assert checkpoints.positions == [15, 23]  # bounded: the oldest (7) was dropped
+        checkpoints = RecurrentCheckpoints(max_snapshots=3)
+        ctx.clear()
+        start = 0
+        for turn in turns:
+            decode(ctx, turn, start)
+            start += len(turn)
+            checkpoints.take(ctx)
+        assert checkpoints.positions == [7, 15, 23]
+        # a new request agrees with the history up to position 12 (inside turn 2)
+        resume_at = checkpoints.resume(ctx, keep=12)
+        assert resume_at == 8 and checkpoints.positions == [7]
+        assert read_recurrent(ctx).positions.tolist() == [7]
+        decode(ctx, history[8:12], 8)
+        logits = decode(ctx, new, 12)
+
+        decode(fresh, history[:8], 0)
+        decode(fresh, history[8:12], 8)
+        np.testing.assert_array_equal(logits, decode(fresh, new, 12))
+        assert read_recurrent(ctx).same_as(read_recurrent(fresh))
+
+        # the fallback: no snapshot before the cut, the sequence starts over
+        assert checkpoints.resume(ctx, keep=5) == 0
+        assert ctx.seq_pos_max(0) == -1 and checkpoints.positions == []
+    finally:
+        ctx.close()
+        fresh.close()

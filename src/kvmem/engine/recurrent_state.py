@@ -72,3 +72,54 @@ def rewind(ctx: LlamaContext, snapshot: RecurrentSnapshot, seq: int | None = Non
     target = snapshot.seq_id if seq is None else seq
     restore_recurrent(ctx, snapshot, target)
     ctx.seq_rm(target, snapshot.pos + 1, -1)
+
+
+class RecurrentCheckpoints:
+    """Bounded recurrent snapshots of one sequence at token boundaries (turn ends, query
+    starts), for going back to a point inside the history: a new turn that diverges at
+    `pos` continues from the latest snapshot before `pos` and re-decodes the history tokens
+    from there (`resume`). With no usable snapshot the fallback is the start: the sequence
+    is cleared and everything is re-decoded. When full, the oldest snapshot is dropped."""
+
+    def __init__(self, max_snapshots: int = 4, seq: int = MAIN_SEQ) -> None:
+        if max_snapshots < 1:
+            raise ValueError(f"max_snapshots must be >= 1, got {max_snapshots}")
+        self.max_snapshots = max_snapshots
+        self.seq = seq
+        self._snaps: list[RecurrentSnapshot] = []  # ascending pos
+
+    @property
+    def positions(self) -> list[int]:
+        return [s.pos for s in self._snaps]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self._snaps)
+
+    def take(self, ctx: LlamaContext) -> RecurrentSnapshot:
+        """Snapshot the sequence as it is now (replacing one at the same position)."""
+        snap = snapshot_recurrent(ctx, self.seq)
+        self._snaps = [s for s in self._snaps if s.pos < snap.pos]  # later ones are stale
+        self._snaps.append(snap)
+        if len(self._snaps) > self.max_snapshots:
+            self._snaps.pop(0)
+        return snap
+
+    def forget_from(self, pos: int) -> None:
+        """Drop snapshots that include position `pos` or later (the history was cut there)."""
+        self._snaps = [s for s in self._snaps if s.pos < pos]
+
+    def resume(self, ctx: LlamaContext, keep: int) -> int:
+        """Return the sequence to a state that has seen exactly tokens [0, start) for the
+        largest snapshot boundary start <= keep; the caller re-decodes tokens [start, keep)
+        of the history and then the new ones. Returns start (0: the fallback, a cleared
+        sequence)."""
+        self.forget_from(keep)
+        if self._snaps:
+            snap = self._snaps[-1]
+            rewind(ctx, snap, self.seq)
+            logger.debug("resumed seq %d at %d for a cut at %d", self.seq, snap.pos + 1, keep)
+            return snap.pos + 1
+        ctx.seq_rm(self.seq, -1, -1)
+        logger.debug("no recurrent snapshot before %d: seq %d re-decodes from 0", keep, self.seq)
+        return 0
