@@ -132,3 +132,18 @@ def test_malformed_blocks_are_rejected(bad: BlockKV) -> None:
         store.put(bad)
     assert len(store) == 0
     assert store.nbytes == 0
+
+
+def test_cell_extensions_are_stored_and_checked() -> None:
+    store = HostStore()
+    block = _block(0)
+    block.ext = np.arange(12, dtype=np.int32).reshape(4, 3)  # [n_tokens, (x, y, tok)]
+    store.put(block)
+    assert store.nbytes == 416 + 48
+    got = store.get(0)
+    assert got.ext is not None and got.ext.tolist() == block.ext.tolist()
+    assert not got.ext.flags.writeable  # kept read-only, like K and V
+    bad = _block(1)
+    bad.ext = np.zeros((4, 2), dtype=np.int32)
+    with pytest.raises(MemoryLayoutError, match=r"cell extensions must be int32 \[4, 3\]"):
+        store.put(bad)

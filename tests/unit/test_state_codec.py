@@ -14,6 +14,7 @@ from kvmem.engine.state_codec import (
     StateLayout,
     build_state,
     parse_state,
+    serialize_state,
     split_blocks,
 )
 from kvmem.errors import StateFormatError
@@ -126,3 +127,45 @@ def test_build_state_header_counts_cells():
     blob = build_state(layout, [block], seq_id=2)
     assert struct.unpack_from("<IiII", blob) == (STATE_MAGIC, 2, 1, 2)
     assert parse_state(blob).positions.tolist() == [0, 1]
+
+
+def ext_blob(positions, ext, k, v, seq_id: int = 1) -> bytes:
+    """A plain blob of an M-RoPE cache: each cell carries (x, y, tok) after n_seq_id."""
+    out = struct.pack("<IiII", STATE_MAGIC, seq_id, 1, len(positions))
+    for p, (x, y, tok) in zip(positions, ext, strict=True):
+        out += struct.pack("<iIiiii", p, 1, x, y, tok, seq_id)
+    out += struct.pack("<II", 0, len(k))
+    for layer in k:
+        out += struct.pack("<iQ", int(GgmlType.F16), K_ROW) + b"".join(bytes(r) for r in layer)
+    for layer in v:
+        out += struct.pack("<iQ", int(GgmlType.F16), N_EMBD_V * 2)
+        out += b"".join(bytes(r) for r in layer)
+    return out
+
+
+def test_cell_extensions_parse_split_and_rebuild() -> None:
+    positions, k, v = sample(4, [0, 1, 2, 3])
+    ext = [[p, p, 100 + p] for p in positions]
+    blob = ext_blob(positions, ext, k, v)
+    with pytest.raises(StateFormatError, match="did not announce"):
+        parse_state(blob)  # without cell_ext the extensions read as garbage
+    state = parse_state(blob, cell_ext=True)
+    assert state.layout.cell_ext and state.ext is not None and state.ext.tolist() == ext
+    assert serialize_state(state, seq_id=1).tobytes() == blob
+    blocks = split_blocks(state, block_tokens=2)
+    assert blocks[1].ext is not None and blocks[1].ext.tolist() == ext[2:]
+    assert build_state(state.layout, blocks[1:], seq_id=1).tobytes() == ext_blob(
+        positions[2:], ext[2:], [layer[2:] for layer in k], [layer[2:] for layer in v]
+    )
+    blocks[0].ext = None
+    with pytest.raises(StateFormatError, match="cell extensions the blocks do not carry"):
+        build_state(state.layout, blocks, seq_id=1)
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_serialize_state_is_bit_exact(v_trans):
+    positions, k, v = sample(5, [4, 0, 1, 7, 5])
+    blob = reference_blob(positions, k, v, v_trans)
+    assert serialize_state(parse_state(blob), seq_id=1).tobytes() == blob
+    empty = struct.pack("<IiII", STATE_MAGIC, 3, 1, 0)
+    assert serialize_state(parse_state(empty), seq_id=3).tobytes() == empty

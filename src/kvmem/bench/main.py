@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         decode_sweep,
         fidelity,
         models_cli,
+        lookup_drafts,
         needle,
         summarize,
         synth_cli,
@@ -48,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         agent,
         tools_bench,
         decode_sweep,
-        summarize,
         models_cli,
+        lookup_drafts,
+        summarize,
     ):
         module.add_parser(subparsers)
     return parser

@@ -1,4 +1,5 @@
-"""Random-weight GGUF models of any Llama shape, for mechanics and speed benchmarks.
+"""Random-weight GGUF models of any Llama shape (or a Qwen3.5 hybrid, see synth_hybrid),
+for mechanics and speed benchmarks.
 
 The file is written streaming: tensor infos first, then each tensor in row chunks that
 worker threads generate and quantize in parallel while the main thread writes them in
@@ -19,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
@@ -35,6 +36,7 @@ CHUNK_ELEMENTS = 1 << 22  # about 4M weights (16 MB of float32) per generated ch
 
 class Arch(Enum):
     LLAMA = "llama"
+    QWEN35 = "qwen35"  # gated-delta-net hybrid (bench/synth_hybrid.py)
 
 
 class WeightType(Enum):
@@ -110,15 +112,66 @@ class ModelShape:
         if self.rope_base <= 0:
             raise ConfigError("--rope-base", f"must be positive, got {self.rope_base}")
 
+    def tensors(self, n_vocab: int) -> list[TensorSpec]:
+        return _llama_tensors(self, n_vocab)
+
+    def add_hparams(self, writer: GGUFWriter) -> None:
+        writer.add_context_length(self.n_ctx_train)
+        writer.add_embedding_length(self.n_embd)
+        writer.add_block_count(self.n_layer)
+        writer.add_feed_forward_length(self.n_ff)
+        writer.add_head_count(self.n_head)
+        writer.add_head_count_kv(self.n_head_kv)
+        writer.add_rope_dimension_count(self.head_dim)
+        writer.add_rope_freq_base(self.rope_base)
+        writer.add_layer_norm_rms_eps(self.rms_eps)
+
+    def describe(self, n_vocab: int) -> str:
+        return (
+            f"{self.arch.value}: {self.n_layer} layers, n_embd {self.n_embd}, heads "
+            f"{self.n_head}/{self.n_head_kv} (head_dim {self.head_dim}), n_ff {self.n_ff}, "
+            f"n_vocab {n_vocab}, n_ctx_train {self.n_ctx_train}, rope base {self.rope_base:g}"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
-    """One tensor to write: numpy shape [rows, cols] (cols = ggml ne0, the input dim)."""
+    """One tensor to write: numpy shape [rows, cols] (cols = ggml ne0, the input dim).
+
+    `is_norm`: a 1-D f32 tensor of `cols` elements, every one equal to `value` (norm weights
+    are 1). `f32`: a random matrix kept in f32 whatever the weight type (a conv kernel whose
+    rows are too short to quantize)."""
 
     name: str
     rows: int
     cols: int
     is_norm: bool
+    value: float = 1.0
+    f32: bool = False
+
+    def stored(self, weights: WeightType) -> WeightType:
+        return WeightType.F32 if self.is_norm or self.f32 else weights
+
+
+class SynthShape(Protocol):
+    """What the writer needs from a model shape (ModelShape here, Qwen35Shape in synth_hybrid)."""
+
+    @property
+    def arch(self) -> Arch: ...
+
+    @property
+    def n_layer(self) -> int: ...
+
+    @property
+    def n_embd(self) -> int: ...
+
+    def validate(self) -> None: ...
+
+    def tensors(self, n_vocab: int) -> list[TensorSpec]: ...
+
+    def add_hparams(self, writer: GGUFWriter) -> None: ...
+
+    def describe(self, n_vocab: int) -> str: ...
 
 
 @dataclass(slots=True)
@@ -130,7 +183,12 @@ class SynthResult:
     seconds: float
 
 
-def tensor_specs(shape: ModelShape, n_vocab: int) -> list[TensorSpec]:
+def tensor_specs(shape: SynthShape, n_vocab: int) -> list[TensorSpec]:
+    """The tensors of a model of `shape`, in llama.cpp's naming and in file order."""
+    return shape.tensors(n_vocab)
+
+
+def _llama_tensors(shape: ModelShape, n_vocab: int) -> list[TensorSpec]:
     """The tensors of a Llama model, in llama.cpp's naming."""
     q_dim = shape.n_head * shape.head_dim
     kv_dim = shape.n_head_kv * shape.head_dim
@@ -156,7 +214,7 @@ def tensor_specs(shape: ModelShape, n_vocab: int) -> list[TensorSpec]:
 
 def write_synthetic_model(
     path: Path | str,
-    shape: ModelShape = ModelShape(),
+    shape: SynthShape = ModelShape(),
     weights: WeightType = WeightType.Q8_0,
     seed: int = 0,
     tokenizer_gguf: Path | str | None = None,
@@ -181,7 +239,7 @@ def write_synthetic_model(
     _add_hparams(writer, shape, weights, n_vocab)
     tokenizer.write_to(writer)
     for spec in specs:
-        stored = WeightType.F32 if spec.is_norm else weights
+        stored = spec.stored(weights)
         writer.add_tensor_info(
             spec.name,
             (spec.rows, spec.cols) if not spec.is_norm else (spec.cols,),
@@ -200,7 +258,8 @@ def write_synthetic_model(
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for index, spec in enumerate(specs):
             writer.write_padding(fout, fout.tell())
-            written = _write_tensor(fout, pool, workers, spec, source_chunks, index)
+            stored = spec.stored(weights)
+            written = _write_tensor(fout, pool, workers, spec, stored, source_chunks, index)
             writer.write_padding(fout, written)
             n_bytes += written
     writer.close()
@@ -211,20 +270,12 @@ def write_synthetic_model(
     )
 
 
-def _add_hparams(writer: GGUFWriter, shape: ModelShape, weights: WeightType, n_vocab: int) -> None:
+def _add_hparams(writer: GGUFWriter, shape: SynthShape, weights: WeightType, n_vocab: int) -> None:
     writer.add_name(f"kvmem-synthetic-{shape.arch.value}-{shape.n_layer}L-{shape.n_embd}")
     writer.add_file_type(int(weights.file_type))
     writer.add_quantization_version(2)
     writer.add_vocab_size(n_vocab)
-    writer.add_context_length(shape.n_ctx_train)
-    writer.add_embedding_length(shape.n_embd)
-    writer.add_block_count(shape.n_layer)
-    writer.add_feed_forward_length(shape.n_ff)
-    writer.add_head_count(shape.n_head)
-    writer.add_head_count_kv(shape.n_head_kv)
-    writer.add_rope_dimension_count(shape.head_dim)
-    writer.add_rope_freq_base(shape.rope_base)
-    writer.add_layer_norm_rms_eps(shape.rms_eps)
+    shape.add_hparams(writer)
 
 
 def _write_tensor(
@@ -232,21 +283,22 @@ def _write_tensor(
     pool: ThreadPoolExecutor,
     workers: int,
     spec: TensorSpec,
+    stored: WeightType,
     chunks: _ChunkSource,
     index: int,
 ) -> int:
     """Generate, convert and write one tensor chunk by chunk; returns its byte count."""
     if spec.is_norm:
-        ones = np.ones(spec.cols, dtype=np.float32)  # [n_embd]
-        fout.write(ones.tobytes())
-        return ones.nbytes
+        const = np.full(spec.cols, spec.value, dtype=np.float32)  # [cols]
+        fout.write(const.tobytes())
+        return const.nbytes
     rows_per_chunk = max(1, CHUNK_ELEMENTS // spec.cols)
     std = float(1.0 / np.sqrt(spec.cols))
     pending: deque[Future[np.ndarray]] = deque()
     written = 0
     for chunk, row0 in enumerate(range(0, spec.rows, rows_per_chunk)):
         n_rows = min(rows_per_chunk, spec.rows - row0)
-        pending.append(pool.submit(chunks.get, n_rows, spec.cols, std, index, chunk))
+        pending.append(pool.submit(chunks.get, n_rows, spec.cols, std, stored, index, chunk))
         if len(pending) >= 2 * workers:
             written += _drain_one(fout, pending)
     while pending:
@@ -267,13 +319,15 @@ class _ChunkSource:
         self.weights = weights
         self.seed = seed
         self.distinct = distinct
-        self._cache: dict[tuple[int, int, int], Future[np.ndarray]] = {}
+        self._cache: dict[tuple[int, int, int, WeightType], Future[np.ndarray]] = {}
         self._lock = threading.Lock()
 
-    def get(self, n_rows: int, n_cols: int, std: float, tensor: int, chunk: int) -> np.ndarray:
+    def get(
+        self, n_rows: int, n_cols: int, std: float, stored: WeightType, tensor: int, chunk: int
+    ) -> np.ndarray:
         if self.distinct <= 0:
-            return _make_chunk(n_rows, n_cols, std, self.weights, self.seed, tensor, chunk)
-        key = (n_rows, n_cols, chunk % self.distinct)
+            return _make_chunk(n_rows, n_cols, std, stored, self.seed, tensor, chunk)
+        key = (n_rows, n_cols, chunk % self.distinct, stored)
         with self._lock:
             future = self._cache.get(key)
             owner = future is None
@@ -282,7 +336,7 @@ class _ChunkSource:
         assert future is not None
         if owner:
             future.set_result(
-                _make_chunk(n_rows, n_cols, std, self.weights, self.seed, -1 - n_cols, key[2])
+                _make_chunk(n_rows, n_cols, std, stored, self.seed, -1 - n_cols, key[2])
             )
         return future.result()
 
@@ -303,16 +357,10 @@ def _make_chunk(
     return np.ascontiguousarray(stored)
 
 
-def iter_shapes_summary(shape: ModelShape, n_vocab: int, weights: WeightType) -> Iterator[str]:
+def iter_shapes_summary(shape: SynthShape, n_vocab: int, weights: WeightType) -> Iterator[str]:
     """Human-readable lines describing the model to be written (for the CLI)."""
     specs = tensor_specs(shape, n_vocab)
-    total = sum(
-        s.rows * (WeightType.F32 if s.is_norm else weights).row_bytes(s.cols) for s in specs
-    )
+    total = sum(s.rows * s.stored(weights).row_bytes(s.cols) for s in specs)
     n_params = sum(s.rows * s.cols for s in specs)
-    yield (
-        f"{shape.arch.value}: {shape.n_layer} layers, n_embd {shape.n_embd}, heads "
-        f"{shape.n_head}/{shape.n_head_kv} (head_dim {shape.head_dim}), n_ff {shape.n_ff}, "
-        f"n_vocab {n_vocab}, n_ctx_train {shape.n_ctx_train}, rope base {shape.rope_base:g}"
-    )
+    yield shape.describe(n_vocab)
     yield f"{len(specs)} tensors, {n_params / 1e9:.2f} B parameters, {total / 1e9:.2f} GB as {weights.value}"

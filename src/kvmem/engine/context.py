@@ -35,6 +35,9 @@ class ContextSettings:
     type_k: GgmlType = GgmlType.F16
     type_v: GgmlType = GgmlType.F16
     offload_kqv: bool = True
+    # recurrent-state rollback planes per sequence (hybrid models): seq_rm may then drop up
+    # to n_rs_seq tokens from the tail (speculative verification); 0 = no rollback
+    n_rs_seq: int = 0
 
 
 class Batch:
@@ -81,6 +84,7 @@ class LlamaContext:
         p.type_v = int(settings.type_v)
         p.kv_unified = True
         p.offload_kqv = settings.offload_kqv
+        p.n_rs_seq = settings.n_rs_seq
         p.no_perf = True
         if eval_callback is not None:
             p.cb_eval = eval_callback
@@ -96,6 +100,7 @@ class LlamaContext:
         self.n_batch = llama_cpp.llama_n_batch(ptr)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(model.vocab)
         self.mem = llama_cpp.llama_get_memory(ptr)
+        self.n_rs_seq = llama_cpp.llama_n_rs_seq(ptr)  # 0 where the model cannot roll back
         self._batch = Batch(self.n_batch)
 
     # decoding --------------------------------------------------------------------------
@@ -135,19 +140,23 @@ class LlamaContext:
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.mem, True)
 
-    def get_state(self, seq: int) -> memoryview:
-        size = llama_cpp.llama_state_seq_get_size(self.ptr, seq)
+    def get_state(self, seq: int, flags: int = 0) -> memoryview:
+        """The sequence's state blob; flags: LLAMA_STATE_SEQ_FLAGS_* (PARTIAL_ONLY = 1: the
+        recurrent part of a hybrid memory alone)."""
+        size = llama_cpp.llama_state_seq_get_size_ext(self.ptr, seq, flags)
         buf = np.empty(size, dtype=np.uint8)  # [size]
-        n = llama_cpp.llama_state_seq_get_data(self.ptr, _u8_ptr(buf), size, seq)
+        n = llama_cpp.llama_state_seq_get_data_ext(self.ptr, _u8_ptr(buf), size, seq, flags)
         if n == 0:
-            raise KVTransferError(f"llama_state_seq_get_data({seq}) failed")
+            raise KVTransferError(f"llama_state_seq_get_data({seq}, flags={flags}) failed")
         return memoryview(buf)[:n]
 
-    def set_state(self, blob: bytes | np.ndarray, seq: int) -> None:
+    def set_state(self, blob: bytes | np.ndarray, seq: int, flags: int = 0) -> None:
         buf = np.frombuffer(blob, dtype=np.uint8)  # [size], no copy
-        n = llama_cpp.llama_state_seq_set_data(self.ptr, _u8_ptr(buf), len(buf), seq)
+        n = llama_cpp.llama_state_seq_set_data_ext(self.ptr, _u8_ptr(buf), len(buf), seq, flags)
         if n == 0:
-            raise KVTransferError(f"llama_state_seq_set_data({seq}) failed (no free cells?)")
+            raise KVTransferError(
+                f"llama_state_seq_set_data({seq}, flags={flags}) failed (no free cells?)"
+            )
 
     def close(self) -> None:
         if self.ptr:

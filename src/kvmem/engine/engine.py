@@ -173,18 +173,7 @@ class Engine:
     def tokenize(
         self, text: str, *, add_special: bool = False, parse_special: bool = True
     ) -> list[int]:
-        data = text.encode("utf-8")
-        n_max = len(data) + 16
-        buf = (llama_cpp.llama_token * n_max)()
-        n = llama_cpp.llama_tokenize(
-            self.model.vocab, data, len(data), buf, n_max, add_special, parse_special
-        )
-        if n < 0:
-            buf = (llama_cpp.llama_token * -n)()
-            n = llama_cpp.llama_tokenize(
-                self.model.vocab, data, len(data), buf, -n, add_special, parse_special
-            )
-        return list(buf[:n])
+        return self.model.tokenize(text, add_special, parse_special)
 
     def check_grammar(self, grammar: str) -> None:
         """InvalidRequestError(param=grammar) unless llama.cpp parses `grammar`."""

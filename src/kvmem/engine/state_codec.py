@@ -12,9 +12,13 @@ Layout written by `llama_state_seq_get_data` for a plain (unified) KV cache
         v_trans == 1: per layer: i32 v_type, u32 v_el_bytes, u32 n_embd_v, then
                       n_embd_v x cell_count elements (V transposed)
 
-Anything else (several streams, cell extensions, hybrid/recurrent parts, a size
-mismatch) raises StateFormatError. Rows are kept as raw bytes in the cache's own
-type; transposed V is turned into per-cell rows so blocks split and join the same way.
+With M-RoPE (IMROPE: qwen35) every cell also carries an extension after n_seq_id:
+`i32 x, i32 y, i32 tok` (`llama_kv_cell_ext`); the blob does not say so, the model does
+(`cell_ext=True`). A hybrid memory writes this attention part and then its recurrent part
+(hybrid_codec.py). Anything else (several streams, hybrid/recurrent parts passed to
+`parse_state`, a size mismatch) raises StateFormatError. Rows are kept as raw bytes in the
+cache's own type; transposed V is turned into per-cell rows so blocks split and join the
+same way.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from kvmem.memory.ggml_types import GgmlType
 from kvmem.memory.host_store import BlockKV
 
 STATE_MAGIC = 0xAF143CD8
+CELL_EXT_INTS = 3  # llama_kv_cell_ext: x, y, tok
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +52,7 @@ class StateLayout:
 
     v_trans: bool
     layers: tuple[LayerLayout, ...]
+    cell_ext: bool = False  # cells carry llama_kv_cell_ext (M-RoPE models)
 
 
 @dataclass(slots=True)
@@ -57,9 +63,10 @@ class SeqState:
     positions: np.ndarray  # int32 [n_cells], in cache order
     k: list[np.ndarray]  # per layer, uint8 [n_cells, k_row_bytes]
     v: list[np.ndarray]  # per layer, uint8 [n_cells, v_row_bytes]
+    ext: np.ndarray | None = None  # int32 [n_cells, 3] (x, y, tok) when layout.cell_ext
 
 
-class _Reader:
+class StateReader:
     def __init__(self, blob: bytes | memoryview) -> None:
         self.buf = memoryview(blob)
         self.off = 0
@@ -79,38 +86,65 @@ class _Reader:
         self.off += n_bytes
         return out
 
+    @property
+    def left(self) -> int:
+        return len(self.buf) - self.off
 
-def _ggml_type(value: int) -> GgmlType:
+
+def ggml_type_of(value: int) -> GgmlType:
     try:
         return GgmlType(value)
     except ValueError:
-        raise StateFormatError(f"KV cache type {value} is not supported") from None
+        raise StateFormatError(f"state type {value} is not supported") from None
 
 
-def parse_state(blob: bytes | memoryview) -> SeqState:
-    """Parse a blob from llama_state_seq_get_data; refuses layouts it does not know."""
-    r = _Reader(blob)
-    magic, _seq_id, n_stream = r.unpack("<IiI")
+def read_header(r: StateReader) -> int:
+    """The blob's `u32 magic, i32 seq_id`; returns the seq id."""
+    magic, seq_id = r.unpack("<Ii")
     if magic != STATE_MAGIC:
         raise StateFormatError(f"unknown sequence state magic {magic:#x}")
+    return int(seq_id)
+
+
+def parse_state(blob: bytes | memoryview, *, cell_ext: bool = False) -> SeqState:
+    """Parse a blob from llama_state_seq_get_data of a plain KV cache; refuses layouts it
+    does not know (a hybrid blob: use hybrid_codec.parse_hybrid_state)."""
+    r = StateReader(blob)
+    read_header(r)
+    state = read_kv_part(r, cell_ext)
+    if r.left:
+        raise StateFormatError(
+            f"{r.left} unexpected bytes after the KV data (hybrid or recurrent memory?)"
+        )
+    return state
+
+
+def read_kv_part(r: StateReader, cell_ext: bool) -> SeqState:
+    """The attention-cache part of a blob, from `u32 n_stream` on."""
+    (n_stream,) = r.unpack("<I")
     if n_stream != 1:
         raise StateFormatError(f"{n_stream} KV streams; KVMem needs a unified cache (kv_unified)")
     (n_cells,) = r.unpack("<I")
     if n_cells == 0:
-        if r.off != len(r.buf):
-            raise StateFormatError("unexpected data after an empty KV stream (hybrid memory?)")
-        return SeqState(StateLayout(False, ()), np.zeros(0, np.int32), [], [])
-    meta = r.array(n_cells * 12).view("<i4").reshape(n_cells, 3)  # [n_cells, (pos, n_seq, seq)]
+        return SeqState(StateLayout(False, (), cell_ext), np.zeros(0, np.int32), [], [])
+    n_ints = 3 + (CELL_EXT_INTS if cell_ext else 0)  # pos, n_seq_id, [x, y, tok], seq_id
+    meta = r.array(n_cells * 4 * n_ints).view("<i4").reshape(n_cells, n_ints)
     if not np.all(meta[:, 1] == 1):
-        raise StateFormatError("cells with several sequence ids; expected one per cell")
+        raise StateFormatError(
+            "cells with several sequence ids, or cell extensions the model did not announce"
+        )
     positions = meta[:, 0].astype(np.int32)  # [n_cells]
+    ext = meta[:, 2 : 2 + CELL_EXT_INTS].astype(np.int32) if cell_ext else None  # [n_cells, 3]
     v_trans, n_layer = r.unpack("<II")
     if v_trans > 1 or n_layer == 0 or n_layer > 4096:
-        raise StateFormatError("implausible KV header (cell extensions or an unknown memory type)")
+        raise StateFormatError(
+            f"implausible KV header (v_trans {v_trans}, {n_layer} layers): cell extensions "
+            "the model did not announce, or an unknown memory type"
+        )
     k_rows, k_meta = [], []
     for _ in range(n_layer):
         k_type, k_row = r.unpack("<iQ")
-        k_meta.append((_ggml_type(k_type), k_row))
+        k_meta.append((ggml_type_of(k_type), k_row))
         k_rows.append(r.array(n_cells * k_row).reshape(n_cells, k_row))
     v_rows, layers = [], []
     for k_type, k_row in k_meta:
@@ -118,17 +152,14 @@ def parse_state(blob: bytes | memoryview) -> SeqState:
             v_type, el, n_embd_v = r.unpack("<iII")
             data = r.array(n_embd_v * n_cells * el).reshape(n_embd_v, n_cells, el)
             rows = np.ascontiguousarray(data.transpose(1, 0, 2)).reshape(n_cells, n_embd_v * el)
-            layers.append(LayerLayout(k_type, k_row, _ggml_type(v_type), n_embd_v * el, el))
+            layers.append(LayerLayout(k_type, k_row, ggml_type_of(v_type), n_embd_v * el, el))
         else:
             v_type, v_row = r.unpack("<iQ")
             rows = r.array(n_cells * v_row).reshape(n_cells, v_row)
-            layers.append(LayerLayout(k_type, k_row, _ggml_type(v_type), v_row, 0))
+            layers.append(LayerLayout(k_type, k_row, ggml_type_of(v_type), v_row, 0))
         v_rows.append(rows)
-    if r.off != len(r.buf):
-        raise StateFormatError(
-            f"{len(r.buf) - r.off} unexpected bytes after the KV data (hybrid or recurrent memory?)"
-        )
-    return SeqState(StateLayout(bool(v_trans), tuple(layers)), positions, k_rows, v_rows)
+    layout = StateLayout(bool(v_trans), tuple(layers), cell_ext)
+    return SeqState(layout, positions, k_rows, v_rows, ext)
 
 
 def split_blocks(state: SeqState, block_tokens: int) -> list[BlockKV]:
@@ -148,6 +179,7 @@ def split_blocks(state: SeqState, block_tokens: int) -> list[BlockKV]:
                 positions=positions[idx].astype(np.int32),
                 k=[np.ascontiguousarray(k[cells]) for k in state.k],
                 v=[np.ascontiguousarray(v[cells]) for v in state.v],
+                ext=None if state.ext is None else np.ascontiguousarray(state.ext[cells]),
             )
         )
     return blocks
@@ -165,46 +197,72 @@ def _cell_selector(cells: np.ndarray) -> slice | np.ndarray:
 def build_state(layout: StateLayout, blocks: Sequence[BlockKV], seq_id: int) -> np.ndarray:
     """A blob that `llama_state_seq_set_data` restores as the cells of `blocks`: uint8
     [n_bytes], written in place (each K/V byte is copied once, straight into the blob)."""
+    n_cells = sum(b.n_tokens for b in blocks)
+    out = np.empty(8 + kv_part_nbytes(layout, n_cells), dtype=np.uint8)  # [n_bytes]
+    writer = StateWriter(out)
+    writer.put(struct.pack("<Ii", STATE_MAGIC, seq_id))
+    write_kv_part(writer, layout, blocks, seq_id)
+    assert writer.at == len(out)
+    return out
+
+
+def serialize_state(state: SeqState, seq_id: int) -> np.ndarray:
+    """The blob `state` was parsed from (cells in the same order): uint8 [n_bytes]."""
+    return build_state(state.layout, [_as_block(state)] if len(state.positions) else [], seq_id)
+
+
+def _as_block(state: SeqState) -> BlockKV:
+    return BlockKV(-1, state.positions, state.k, state.v, state.ext)
+
+
+def kv_part_nbytes(layout: StateLayout, n_cells: int) -> int:
+    """Bytes of the attention part (from n_stream on) holding n_cells cells."""
+    if n_cells == 0:
+        return 8  # n_stream, cell_count
+    n_ints = 3 + (CELL_EXT_INTS if layout.cell_ext else 0)
+    heads = 8 + 24 * len(layout.layers)  # v_trans, n_layer; per layer a K and a V header
+    rows = n_cells * sum(lay.k_row_bytes + lay.v_row_bytes for lay in layout.layers)
+    return 8 + n_cells * 4 * n_ints + heads + rows
+
+
+def write_kv_part(
+    writer: StateWriter, layout: StateLayout, blocks: Sequence[BlockKV], seq_id: int
+) -> None:
+    """Write the attention part (n_stream, cells, K, V) of `blocks` in the given order."""
+    n_cells = sum(b.n_tokens for b in blocks)
+    writer.put(struct.pack("<II", 1, n_cells))
+    if n_cells == 0:
+        return
     positions = np.concatenate([b.positions for b in blocks]).astype(np.int32)  # [n_cells]
-    n_cells = len(positions)
-    meta = np.empty((n_cells, 3), dtype=np.int32)  # [n_cells, (pos, n_seq_id, seq_id)]
+    n_ints = 3 + (CELL_EXT_INTS if layout.cell_ext else 0)
+    meta = np.empty((n_cells, n_ints), dtype=np.int32)  # [n_cells, (pos, n_seq, [ext], seq)]
     meta[:, 0] = positions
     meta[:, 1] = 1
-    meta[:, 2] = seq_id
-    head = struct.pack("<IiII", STATE_MAGIC, seq_id, 1, n_cells) + meta.tobytes()
-    head += struct.pack("<II", int(layout.v_trans), len(layout.layers))
-    k_head = [struct.pack("<iQ", int(lay.k_type), lay.k_row_bytes) for lay in layout.layers]
-    if layout.v_trans:
-        v_head = [
-            struct.pack("<iII", int(lay.v_type), lay.v_el_bytes, lay.v_row_bytes // lay.v_el_bytes)
-            for lay in layout.layers
-        ]
-    else:
-        v_head = [struct.pack("<iQ", int(lay.v_type), lay.v_row_bytes) for lay in layout.layers]
-    total = len(head) + sum(len(h) for h in k_head + v_head)
-    total += n_cells * sum(lay.k_row_bytes + lay.v_row_bytes for lay in layout.layers)
-    out = np.empty(total, dtype=np.uint8)  # [n_bytes]
-    writer = _Writer(out)
-    writer.put(head)
+    meta[:, -1] = seq_id
+    if layout.cell_ext:
+        if any(b.ext is None for b in blocks):
+            raise StateFormatError("the cache needs cell extensions the blocks do not carry")
+        meta[:, 2 : 2 + CELL_EXT_INTS] = np.concatenate([b.ext for b in blocks])  # type: ignore[misc]
+    writer.put(meta.tobytes())
+    writer.put(struct.pack("<II", int(layout.v_trans), len(layout.layers)))
     for i, lay in enumerate(layout.layers):
-        writer.put(k_head[i])
+        writer.put(struct.pack("<iQ", int(lay.k_type), lay.k_row_bytes))
         writer.rows([b.k[i] for b in blocks], n_cells, lay.k_row_bytes)
     for i, lay in enumerate(layout.layers):
-        writer.put(v_head[i])
         if layout.v_trans:
-            rows = np.concatenate([b.v[i] for b in blocks])  # [n_cells, v_row_bytes]
             n_embd_v = lay.v_row_bytes // lay.v_el_bytes
+            writer.put(struct.pack("<iII", int(lay.v_type), lay.v_el_bytes, n_embd_v))
+            rows = np.concatenate([b.v[i] for b in blocks])  # [n_cells, v_row_bytes]
             data = rows.reshape(n_cells, n_embd_v, lay.v_el_bytes).transpose(1, 0, 2)
             writer.view(n_cells * lay.v_row_bytes).reshape(n_embd_v, n_cells, lay.v_el_bytes)[
                 ...
             ] = data
         else:
+            writer.put(struct.pack("<iQ", int(lay.v_type), lay.v_row_bytes))
             writer.rows([b.v[i] for b in blocks], n_cells, lay.v_row_bytes)
-    assert writer.at == total
-    return out
 
 
-class _Writer:
+class StateWriter:
     """Sequential writes into a preallocated blob."""
 
     def __init__(self, out: np.ndarray) -> None:

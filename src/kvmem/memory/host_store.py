@@ -30,6 +30,8 @@ class BlockKV:
     # per attention layer, uint8 [n_tokens, k_row_bytes] and [n_tokens, v_row_bytes]
     k: list[np.ndarray] = field(default_factory=list)
     v: list[np.ndarray] = field(default_factory=list)
+    # int32 [n_tokens, 3]: llama_kv_cell_ext (x, y, tok) of M-RoPE caches, else None
+    ext: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -42,6 +44,7 @@ class BlockKV:
             int(self.positions.nbytes)
             + sum(int(a.nbytes) for a in self.k)
             + sum(int(a.nbytes) for a in self.v)
+            + (int(self.ext.nbytes) if self.ext is not None else 0)
         )
 
 
@@ -108,6 +111,7 @@ class HostStore:
             positions=_owned(block.positions),
             k=[_owned(a) for a in block.k],
             v=[_owned(a) for a in block.v],
+            ext=_owned(block.ext) if block.ext is not None else None,
         )
         old = self._blocks.pop(owned.block_id, None)
         if old is not None:
@@ -198,3 +202,9 @@ def _check_block(block: BlockKV) -> None:
                     f"block {block.block_id} {name} layer {layer}: expected uint8 [{n}, row_bytes], "
                     f"got {a.dtype} {list(a.shape)}"
                 )
+    ext = block.ext
+    if ext is not None and (ext.dtype != np.int32 or ext.shape != (n, 3)):
+        raise MemoryLayoutError(
+            f"block {block.block_id}: cell extensions must be int32 [{n}, 3], "
+            f"got {ext.dtype} {list(ext.shape)}"
+        )
