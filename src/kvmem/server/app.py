@@ -20,10 +20,12 @@ from fastapi.staticfiles import StaticFiles
 from kvmem.chat.protocol import ChatEngine, ModelInfoLike
 from kvmem.chat.template import ChatTemplate
 from kvmem.server.auth import ApiKeyChecker
+from kvmem.server.completion_routes import completion_router
 from kvmem.server.error_map import install_error_handlers
 from kvmem.server.metrics import ServerMetrics
 from kvmem.server.routes import api_router, health_router
 from kvmem.server.settings import ServerSettings
+from kvmem.server.utility_routes import utility_router
 from kvmem.server.worker import EngineWorker
 
 logger = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ class ServerState:
     metrics: ServerMetrics
     template: ChatTemplate | None = None
     info: ModelInfoLike | None = None
+    vocab: ChatEngine | None = None  # tokenize/detokenize only (thread-safe vocab reads)
 
 
 def default_engine_factory(settings: ServerSettings) -> ChatEngine:
@@ -78,6 +81,7 @@ def create_app(
             raise
         holder["state"].template = template
         holder["state"].info = engine.info
+        holder["state"].vocab = engine
         logger.info(
             "model %s loaded: n_ctx=%d, chat template from %s, tool format %s",
             engine.info.name,
@@ -116,6 +120,8 @@ def create_app(
     install_error_handlers(app)
     app.include_router(health_router)
     app.include_router(api_router)
+    app.include_router(completion_router)
+    app.include_router(utility_router)
     ui = ui_directory(settings)
     if ui is not None:
         app.mount("/", StaticFiles(directory=str(ui), html=True), name="ui")

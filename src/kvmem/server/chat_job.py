@@ -40,6 +40,8 @@ class ChatJob:
     reasoning_budget: int = -1
     budget_message: str = ""
     ignore_eos: bool = False
+    banned_tokens: tuple[int, ...] = ()
+    top_logprobs: int | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def turn_request(self, prompt: PromptTokens) -> TurnRequest:
@@ -56,6 +58,8 @@ class ChatJob:
             budget_message=self.budget_message,
             cancel=self.cancel,
             ignore_eos=self.ignore_eos,
+            banned_tokens=self.banned_tokens,
+            top_logprobs=self.top_logprobs,
         )
 
 
@@ -97,6 +101,10 @@ def _grammar(
         return tool_call_grammar(template.tool_format, tools, parallel=parallel)
     if tools and isinstance(choice, NamedToolChoice):
         return tool_call_grammar(template.tool_format, tools, only=choice.function.name)
+    if request.grammar is not None:
+        return request.grammar
+    if request.json_schema is not None:
+        return json_schema_grammar(request.json_schema)
     fmt = request.response_format
     if fmt is None or fmt.type == "text":
         return None
@@ -137,4 +145,5 @@ def prepare_chat_job(
         reasoning_budget=plan.budget,
         budget_message=settings.budget_message,
         ignore_eos=bool(request.ignore_eos),
+        top_logprobs=(request.top_logprobs or 0) if request.logprobs else None,
     )

@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvmem.chat.reasoning import Channel
-from kvmem.chat.turn import ChatFinish, TextDelta, ToolCallEvent, TurnDone, TurnEvent, TurnUsage
+from kvmem.chat.turn import (
+    ChatFinish,
+    TextDelta,
+    TokenLogprobs,
+    ToolCallEvent,
+    TurnDone,
+    TurnEvent,
+    TurnUsage,
+)
+from kvmem.server.props import system_fingerprint
 
 
 def finish_name(finish: ChatFinish) -> str:
@@ -50,6 +59,21 @@ def timings_body(usage: TurnUsage) -> dict[str, Any]:
     }
 
 
+def _lp(piece: bytes, logprob: float) -> dict[str, Any]:
+    return {
+        "token": piece.decode("utf-8", "replace"),
+        "logprob": logprob if logprob > float("-inf") else -9999.0,
+        "bytes": list(piece),
+    }
+
+
+def logprob_entry(event: TokenLogprobs) -> dict[str, Any]:
+    """One token of OpenAI's `choices[].logprobs.content`."""
+    entry = _lp(event.piece, event.logprob)
+    entry["top_logprobs"] = [_lp(piece, lp) for _, piece, lp in event.top]
+    return entry
+
+
 def tool_call_body(event: ToolCallEvent) -> dict[str, Any]:
     call = event.call
     return {
@@ -69,10 +93,13 @@ class CompletionAccumulator:
     content: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] | None = None
     done: TurnDone | None = None
 
     def add(self, event: TurnEvent) -> None:
-        if isinstance(event, TextDelta):
+        if isinstance(event, TokenLogprobs):
+            self.logprobs = (self.logprobs or []) + [logprob_entry(event)]
+        elif isinstance(event, TextDelta):
             (self.reasoning if event.channel is Channel.REASONING else self.content).append(
                 event.text
             )
@@ -95,12 +122,12 @@ class CompletionAccumulator:
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
-            "system_fingerprint": "kvmem",
+            "system_fingerprint": system_fingerprint(),
             "choices": [
                 {
                     "index": 0,
                     "message": message,
-                    "logprobs": None,
+                    "logprobs": None if self.logprobs is None else {"content": self.logprobs},
                     "finish_reason": finish_name(self.done.finish_reason),
                 }
             ],
@@ -118,24 +145,32 @@ class ChunkWriter:
     id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def _chunk(self, delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> str:
+    def _chunk(
+        self,
+        delta: dict[str, Any] | None,
+        finish: str | None = None,
+        logprobs: dict[str, Any] | None = None,
+        **extra: Any,
+    ) -> str:
         body: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "system_fingerprint": "kvmem",
+            "system_fingerprint": system_fingerprint(),
             "choices": []
             if delta is None
-            else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            else [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         }
         body.update(extra)
         return sse_data(body)
 
     def role(self) -> str:
-        return self._chunk({"role": "assistant", "content": ""})
+        return self._chunk({"role": "assistant", "content": None})
 
     def event(self, event: TurnEvent) -> list[str]:
+        if isinstance(event, TokenLogprobs):
+            return [self._chunk({}, logprobs={"content": [logprob_entry(event)]})]
         if isinstance(event, TextDelta):
             return [self._chunk({event.channel.value: event.text})]
         if isinstance(event, ToolCallEvent):

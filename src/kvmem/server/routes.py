@@ -17,6 +17,7 @@ from kvmem.server.auth import require_api_key
 from kvmem.server.channel import EventChannel, JobFailed
 from kvmem.server.chat_job import ChatJob, prepare_chat_job
 from kvmem.server.error_map import envelope, error_payload
+from kvmem.server.logit_bias import banned_tokens
 from kvmem.server.props import models_body, props_body, served_model_id
 from kvmem.server.responses import SSE_DONE, ChunkWriter, CompletionAccumulator, sse_data
 from kvmem.server.schemas import parse_chat_request
@@ -111,6 +112,8 @@ async def chat_completions(request: Request) -> Response:
     assert state.template is not None
     channel = EventChannel(asyncio.get_running_loop())
     job = prepare_chat_job(chat, state.settings, state.template, channel)
+    if chat.logit_bias is not None and state.vocab is not None:
+        job.banned_tokens = banned_tokens(state.vocab, chat.logit_bias)
     state.worker.submit(job)
     first = await _next_event(request, channel, job)
     if first is None:
