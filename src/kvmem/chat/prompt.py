@@ -51,10 +51,17 @@ def render_prompt(
     *,
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    add_generation_prompt: bool = True,
+    prefill: str = "",
 ) -> RenderedPrompt:
-    """Render normalized messages with a generation prompt and locate the query text."""
+    """Render normalized messages with a generation prompt and locate the query text.
+
+    `prefill` (an assistant prefill, kvmem.chat.prefill) is appended to the rendering."""
     kwargs = template_kwargs or {}
-    text = template.render(messages, add_generation_prompt=True, tools=tools, **kwargs)
+    text = template.render(
+        messages, add_generation_prompt=add_generation_prompt, tools=tools, **kwargs
+    )
+    text += prefill
     return RenderedPrompt(
         text=text,
         query_chars=_query_chars(template, messages, text, tools, kwargs),

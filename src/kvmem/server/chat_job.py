@@ -13,6 +13,7 @@ from typing import Any
 
 from kvmem.chat.json_grammar import json_object_grammar, json_schema_grammar
 from kvmem.chat.messages import normalize_messages
+from kvmem.chat.prefill import plan_prefill
 from kvmem.chat.prompt import PromptTokens, RenderedPrompt, render_prompt
 from kvmem.chat.reasoning import ReasoningMarkers
 from kvmem.chat.template import ChatTemplate
@@ -129,8 +130,19 @@ def prepare_chat_job(
         reasoning_budget_tokens=request.reasoning_budget_tokens,
     )
     tools = request.tool_dicts if request.tool_choice != "none" else []
+    prefill = plan_prefill(
+        request.messages,
+        messages,
+        add_generation_prompt=request.add_generation_prompt,
+        continue_final_message=request.continue_final_message,
+    )
     rendered = render_prompt(
-        template, messages, tools=tools or None, template_kwargs=plan.template_kwargs
+        template,
+        prefill.messages,
+        tools=tools or None,
+        template_kwargs=plan.template_kwargs,
+        add_generation_prompt=prefill.add_generation_prompt,
+        prefill=prefill.text,
     )
     return ChatJob(
         rendered=rendered,

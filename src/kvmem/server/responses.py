@@ -144,6 +144,7 @@ class ChunkWriter:
     include_usage: bool = False
     id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
+    pending_logprobs: list[dict[str, Any]] = field(default_factory=list)
 
     def _chunk(
         self,
@@ -169,10 +170,11 @@ class ChunkWriter:
         return self._chunk({"role": "assistant", "content": None})
 
     def event(self, event: TurnEvent) -> list[str]:
-        if isinstance(event, TokenLogprobs):
-            return [self._chunk({}, logprobs={"content": [logprob_entry(event)]})]
+        if isinstance(event, TokenLogprobs):  # sent with the next text delta
+            self.pending_logprobs.append(logprob_entry(event))
+            return []
         if isinstance(event, TextDelta):
-            return [self._chunk({event.channel.value: event.text})]
+            return [self._chunk({event.channel.value: event.text}, logprobs=self._logprobs())]
         if isinstance(event, ToolCallEvent):
             call = tool_call_body(event)
             head = {
@@ -183,10 +185,34 @@ class ChunkWriter:
             }
             args = {"index": event.index, "function": {"arguments": call["function"]["arguments"]}}
             return [self._chunk({"tool_calls": [head]}), self._chunk({"tool_calls": [args]})]
-        out = [self._chunk({}, finish_name(event.finish_reason), timings=timings_body(event.usage))]
+        timings = timings_body(event.usage)
+        out = [
+            self._chunk(
+                {}, finish_name(event.finish_reason), logprobs=self._logprobs(), timings=timings
+            )
+        ]
         if self.include_usage:
-            out.append(self._chunk(None, usage=usage_body(event.usage)))
+            out.append(self._chunk(None, usage=usage_body(event.usage), timings=timings))
         return out
+
+    def _logprobs(self) -> dict[str, Any] | None:
+        if not self.pending_logprobs:
+            return None
+        entries, self.pending_logprobs = self.pending_logprobs, []
+        return {"content": entries}
+
+
+def merge_choices(bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """n > 1: one response whose choices are the runs' in order, usage summed."""
+    if len(bodies) == 1:
+        return bodies[0]
+    out = dict(bodies[0])
+    out["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
+    usage = dict(out["usage"])
+    for key in ("completion_tokens", "total_tokens"):
+        usage[key] = sum(b["usage"][key] for b in bodies)
+    out["usage"] = usage
+    return out
 
 
 def sse_data(body: dict[str, Any]) -> str:

@@ -14,12 +14,18 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from kvmem.chat.turn import TurnDone
 from kvmem.errors import EngineNotReadyError, InvalidRequestError
 from kvmem.server.auth import require_api_key
-from kvmem.server.channel import EventChannel, JobFailed
+from kvmem.server.channel import EventChannel, JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob, prepare_chat_job
 from kvmem.server.error_map import envelope, error_payload
 from kvmem.server.logit_bias import banned_tokens
 from kvmem.server.props import models_body, props_body, served_model_id
-from kvmem.server.responses import SSE_DONE, ChunkWriter, CompletionAccumulator, sse_data
+from kvmem.server.responses import (
+    SSE_DONE,
+    ChunkWriter,
+    CompletionAccumulator,
+    merge_choices,
+    sse_data,
+)
 from kvmem.server.schemas import parse_chat_request
 from kvmem.server.worker import WorkerState
 
@@ -109,37 +115,54 @@ async def chat_completions(request: Request) -> Response:
         raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from None
     chat = parse_chat_request(body)
     state = _ready_state(request)
-    assert state.template is not None
-    channel = EventChannel(asyncio.get_running_loop())
-    job = prepare_chat_job(chat, state.settings, state.template, channel)
-    if chat.logit_bias is not None and state.vocab is not None:
-        job.banned_tokens = banned_tokens(state.vocab, chat.logit_bias)
-    state.worker.submit(job)
-    first = await _next_event(request, channel, job)
-    if first is None:
-        return Response(status_code=499)
-    if isinstance(first, JobFailed):
-        raise first.error
-    assert state.info is not None
+    assert state.template is not None and state.info is not None
+    n = chat.n or 1
+    if n > 1 and chat.stream:
+        raise InvalidRequestError("n > 1 is not supported with stream=true", "n")
+    loop = asyncio.get_running_loop()
+    jobs = []
+    for _ in range(n):  # n choices run one after another on the one KVMem lane
+        job = prepare_chat_job(chat, state.settings, state.template, EventChannel(loop))
+        if chat.logit_bias is not None and state.vocab is not None:
+            job.banned_tokens = banned_tokens(state.vocab, chat.logit_bias)
+        jobs.append(job)
     model = served_model_id(state.settings, state.info)
+    verbose = bool(chat.verbose) or state.settings.verbosity >= 5
     if chat.stream:
+        job = jobs[0]
+        state.worker.submit(job)
+        first = await _next_event(request, job.channel, job)
+        if first is None:
+            return Response(status_code=499)
+        if isinstance(first, JobFailed):
+            raise first.error
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
         writer = ChunkWriter(model=model, include_usage=include_usage)
         return StreamingResponse(
-            _stream(request, channel, job, writer),
+            _stream(request, job.channel, job, writer),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    acc = CompletionAccumulator(model=model)
-    while True:
-        event = await _next_event(request, channel, job)
-        if event is None:
-            return Response(status_code=499)
-        if isinstance(event, JobFailed):
-            raise event.error
-        acc.add(event)
-        if isinstance(event, TurnDone):
-            return JSONResponse(acc.body())
+    bodies = []
+    for job in jobs:
+        state.worker.submit(job)
+        acc = CompletionAccumulator(model=model)
+        while True:
+            event = await _next_event(request, job.channel, job)
+            if event is None:
+                return Response(status_code=499)
+            if isinstance(event, JobFailed):
+                raise event.error
+            if isinstance(event, JobStarted):
+                continue
+            acc.add(event)
+            if isinstance(event, TurnDone):
+                bodies.append(acc.body())
+                break
+    result = merge_choices(bodies)
+    if verbose:
+        result["__verbose"] = {"prompt": jobs[0].rendered.text}
+    return JSONResponse(result)
 
 
 async def _stream(

@@ -91,6 +91,9 @@ class ChatCompletionRequest(_Strict):
     grammar: str | None = None  # llama-server extension: a GBNF grammar
     json_schema: dict[str, Any] | None = None  # llama-server extension
     user: str | None = None
+    add_generation_prompt: bool | None = None  # llama-server/vLLM extension
+    continue_final_message: bool | None = None  # vLLM: continue the final assistant message
+    verbose: bool | None = None  # llama-server: add `__verbose` with the rendered prompt
     ignore_eos: bool | None = None  # llama-server extension: never stop at end-of-generation
 
     @property
@@ -135,8 +138,8 @@ def _check_semantics(request: ChatCompletionRequest) -> None:
             raise InvalidRequestError(
                 f"'{name}' must be a positive integer (or -1 for no limit)", name
             )
-    if request.n not in (None, 1):
-        raise InvalidRequestError("only n=1 is supported (single slot)", "n")
+    if request.n is not None and not 1 <= request.n <= 8:
+        raise InvalidRequestError("'n' must be between 1 and 8", "n")
     if request.top_logprobs is not None and not request.logprobs:
         raise InvalidRequestError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     constraints = [

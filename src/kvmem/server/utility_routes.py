@@ -14,7 +14,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from kvmem.chat.messages import normalize_messages
-from kvmem.chat.prompt import RenderedPrompt, tokenize_prompt
+from kvmem.chat.prefill import plan_prefill
+from kvmem.chat.prompt import RenderedPrompt, render_prompt, tokenize_prompt
 from kvmem.chat.thinking import resolve_thinking
 from kvmem.errors import InvalidRequestError
 from kvmem.server.auth import require_api_key
@@ -114,7 +115,7 @@ async def detokenize(request: Request) -> JSONResponse:
     return JSONResponse({"content": text})
 
 
-def _render(state: ServerState, body: dict[str, Any], add_generation_prompt: bool) -> str:
+def _render(state: ServerState, body: dict[str, Any], add_generation_prompt: bool | None) -> str:
     chat = parse_chat_request(body)
     assert state.template is not None
     messages = normalize_messages(chat.messages, vision=False)
@@ -125,20 +126,27 @@ def _render(state: ServerState, body: dict[str, Any], add_generation_prompt: boo
         reasoning_budget_tokens=chat.reasoning_budget_tokens,
     )
     tools = chat.tool_dicts if chat.tool_choice != "none" else []
-    return state.template.render(
+    prefill = plan_prefill(
+        chat.messages,
         messages,
         add_generation_prompt=add_generation_prompt,
-        tools=tools or None,
-        **plan.template_kwargs,
+        continue_final_message=chat.continue_final_message,
     )
+    return render_prompt(
+        state.template,
+        prefill.messages,
+        tools=tools or None,
+        template_kwargs=plan.template_kwargs,
+        add_generation_prompt=prefill.add_generation_prompt,
+        prefill=prefill.text,
+    ).text
 
 
 @utility_router.post("/apply-template")
 async def apply_template(request: Request) -> JSONResponse:
     body = await _body(request)
     state = _state(request)
-    add = _flag(body, "add_generation_prompt", True)
-    return JSONResponse({"prompt": _render(state, body, add)})
+    return JSONResponse({"prompt": _render(state, body, body.get("add_generation_prompt"))})
 
 
 @utility_router.post("/chat/completions/input_tokens")
@@ -146,7 +154,7 @@ async def apply_template(request: Request) -> JSONResponse:
 async def chat_input_tokens(request: Request) -> JSONResponse:
     body = await _body(request)
     state = _state(request)
-    text = _render(state, body, True)
+    text = _render(state, body, body.get("add_generation_prompt"))
     assert state.vocab is not None
     prompt = tokenize_prompt(state.vocab, RenderedPrompt(text, None, False))
     return JSONResponse({"input_tokens": len(prompt.tokens)})
