@@ -70,6 +70,7 @@ def create_app(
 ) -> FastAPI:
     factory = engine_factory or default_engine_factory
     metrics = ServerMetrics()
+    metrics.n_batch = settings.engine.n_batch
     holder: dict[str, ServerState] = {}
 
     def load() -> ChatEngine:

@@ -13,6 +13,7 @@ from kvmem.chat.template import ChatTemplate
 from kvmem.server.settings import ServerSettings
 
 _STARTED = int(time.time())
+PROCESS_STARTED = _STARTED  # the Process-Start-Time-Unix header of /metrics
 
 
 def build_info() -> str:

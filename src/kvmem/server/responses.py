@@ -44,18 +44,22 @@ def usage_body(usage: TurnUsage) -> dict[str, Any]:
 
 
 def timings_body(usage: TurnUsage) -> dict[str, Any]:
-    """llama-server's `timings` (the chat page shows the decode speed from it)."""
+    """llama-server's `timings`. The first generated token comes from the prompt's logits,
+    so the generation rate is over the n - 1 decode steps (as llama-server counts it)."""
     prompt_n = usage.prompt_tokens - usage.cached_tokens
+    predicted_n = usage.completion_tokens
+    steps = max(0, predicted_n - 1)
+    prompt_ms, predicted_ms = round(usage.prefill_ms, 3), round(usage.decode_ms, 3)
     return {
         "cache_n": usage.cached_tokens,
         "prompt_n": prompt_n,
-        "prompt_ms": round(usage.prefill_ms, 3),
-        "prompt_per_second": prompt_n / (usage.prefill_ms / 1e3) if usage.prefill_ms > 0 else 0.0,
-        "predicted_n": usage.completion_tokens,
-        "predicted_ms": round(usage.decode_ms, 3),
-        "predicted_per_second": (
-            usage.completion_tokens / (usage.decode_ms / 1e3) if usage.decode_ms > 0 else 0.0
-        ),
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n > 0 else 0.0,
+        "prompt_per_second": prompt_n / (prompt_ms / 1e3) if prompt_ms > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / steps if steps and predicted_ms > 0 else 0.0,
+        "predicted_per_second": steps / (predicted_ms / 1e3) if steps and predicted_ms > 0 else 0.0,
     }
 
 

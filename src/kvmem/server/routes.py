@@ -18,7 +18,7 @@ from kvmem.server.channel import EventChannel, JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob, prepare_chat_job
 from kvmem.server.error_map import envelope, error_payload
 from kvmem.server.logit_bias import banned_tokens
-from kvmem.server.props import models_body, props_body, served_model_id
+from kvmem.server.props import PROCESS_STARTED, models_body, props_body, served_model_id
 from kvmem.server.responses import (
     SSE_DONE,
     ChunkWriter,
@@ -91,7 +91,11 @@ async def metrics(request: Request) -> Response:
             "this server has no metrics endpoint: start it with --metrics",
             "not_supported_error",
         )
-    return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+    return PlainTextResponse(
+        state.metrics.render(),
+        media_type="text/plain; version=0.0.4",
+        headers={"Process-Start-Time-Unix": str(PROCESS_STARTED)},
+    )
 
 
 async def _next_event(request: Request, channel: EventChannel, job: ChatJob) -> Any:
