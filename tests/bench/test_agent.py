@@ -182,3 +182,83 @@ def test_command_writes_json(
         "stage_in_blocks",
         "profile",
     }
+
+
+FORM_PATTERNS = {
+    "dog_name": r"His name is (\w+)",
+    "favorite_color": r"favorite color is (\w+)",
+    "staging_port": r"port = (\d+)",
+    "sister": r"sister (\w+) lives in (\w+)",
+    "home_city": r"(?:I live in|moved from \w+ to) (\w+)",
+    "car_color": r"(?:My car is|It is) (\w+)(?: now|\.)",
+}
+
+
+def form_answer(visible: str, query: str) -> str:
+    """A reader for `--final tool`: the field to fill is named in the last tool result."""
+    fields = re.findall(r'"field": "(\w+)", "question"', visible)
+    if not fields:
+        return ' ?"}}'
+    field = fields[-1]
+    if field == "pet_names":
+        dog = re.findall(r"His name is (\w+)", visible)
+        cat = re.findall(r"cat called (\w+)", visible)
+        return f'{dog[-1] if dog else "?"} and {cat[-1] if cat else "?"}"}}}}'
+    found = re.findall(FORM_PATTERNS[field], visible)
+    if not found:
+        return 'unknown"}}'
+    last = found[-1]
+    return (", ".join(last) if isinstance(last, tuple) else last) + '"}}'
+
+
+def test_final_tool_messages_end_in_the_form_field() -> None:
+    from kvmem.bench.agent_final_tool import TASK, final_tool_messages
+
+    question = build_episode(0, 3000, count).questions[0]
+    messages, prefix = final_tool_messages(question)
+    assert [m.role for m in messages] == [
+        Role.USER,
+        Role.ASSISTANT,
+        Role.TOOL,
+        Role.ASSISTANT,
+        Role.TOOL,
+    ]
+    assert messages[0].content == TASK
+    assert [m.tool_calls[0].name for m in messages[1::2]] == ["open_form", "next_field"]
+    assert [m.tool_call_id for m in messages[2::2]] == ["form_0", "form_1"]
+    assert json.loads(messages[-1].content) == {
+        "field": "dog_name",
+        "question": "What is the name of the user's dog?",
+    }
+    assert prefix == (
+        '<tool_call>\n{"name": "fill_field", "arguments": {"field": "dog_name", "value": "'
+    )
+    assert all(q.form_field and q.form_label for q in build_episode(0, 3000, count).questions)
+
+
+def test_run_agent_with_the_question_as_the_final_tool_result() -> None:
+    factory = FakeFactory(
+        {Method.FULL: None, Method.RECENCY: 1500}, sink=100, answer_fn=form_answer
+    )
+    results = run_agent(
+        factory, [Method.FULL, Method.RECENCY], [0], 5000, 800, max_tokens=40, final="tool"
+    )
+    full = [r for r in results if r.method is Method.FULL]
+    assert [r.correct for r in full] == [True] * 7, [(r.answer, r.expected) for r in full]
+    assert not all(r.correct for r in results if r.method is Method.RECENCY)
+    prompts = factory.opened[0].prompts
+    tail = factory.opened[0].detokenize(prompts[0][-200:])
+    assert tail.endswith(
+        '<|im_start|>assistant\n<tool_call>\n{"name": "fill_field", "arguments": '
+        '{"field": "dog_name", "value": "'
+    )
+    assert '<|im_start|>tool\n{"field": "dog_name", "question": ' in tail
+    # the task, its first round and the next_field call are shared by every question
+    assert all(r.cached_tokens > 5000 for r in full[1:])
+    assert all(len(p) > 5200 for p in prompts)
+
+
+def test_command_rejects_an_unknown_final(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["agent", "--final", "assistant"])
+    assert "argument --final: invalid choice: 'assistant'" in capsys.readouterr().err

@@ -254,7 +254,10 @@ def test_command_writes_json_and_heatmaps(
         "stage_in_blocks",
         "replayed_tokens",
         "profile",
+        "needle_span",
+        "oracle",
     }
+    assert case["oracle"] is False and case["needle_span"][1] > case["needle_span"][0]
     for method in ("full", "retrieval", "recency"):
         assert (tmp_path / f"needle_{method}.png").stat().st_size > 1000
 

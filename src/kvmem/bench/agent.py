@@ -4,6 +4,11 @@ Each episode's history is processed once per method; its questions are then aske
 after another as the final user turn (the session reuses the history and drops the
 previous question). Methods: full context, KVMem retrieval and recency at the budget,
 and the "last N tokens only" baseline.
+
+`--final tool` asks each question the way an agent loop meets it: after the history the
+user gives a task (fill in a profile form) and the question comes back as a tool result,
+the final message (`agent_final_tool`). `--final user` (the default) asks it as the final
+user turn.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvmem.bench import agent_final_tool
 from kvmem.bench.agent_data import Episode, Question, QuestionType, build_episode, is_correct
 from kvmem.bench.conversation import (
     Message,
@@ -76,6 +82,7 @@ def run_agent(
     target_tokens: int,
     last_n: int,
     max_tokens: int,
+    final: str = "user",
 ) -> list[AgentResult]:
     results: list[AgentResult] = []
     episodes: list[Episode] | None = None
@@ -89,7 +96,7 @@ def run_agent(
                 engine.reset()
                 for question in episode.questions:
                     results.append(
-                        _ask(engine, renderer, method, episode, question, last_n, max_tokens)
+                        _ask(engine, renderer, method, episode, question, last_n, max_tokens, final)
                     )
         finally:
             engine.close()
@@ -104,9 +111,16 @@ def _ask(
     question: Question,
     last_n: int,
     max_tokens: int,
+    final: str = "user",
 ) -> AgentResult:
-    messages = episode.history + [Message(Role.USER, question.text)]
-    prompt = renderer.render(messages, answer_prefix=question.answer_prefix)
+    if final == "tool":
+        loop, prefix = agent_final_tool.final_tool_messages(question)
+        prompt = renderer.render(
+            episode.history + loop, answer_prefix=prefix, tools=agent_final_tool.TOOLS
+        )
+    else:
+        messages = episode.history + [Message(Role.USER, question.text)]
+        prompt = renderer.render(messages, answer_prefix=question.answer_prefix)
     if method is Method.LAST_N:
         prompt = last_tokens_only(prompt, last_n)
     answer = ask(engine, prompt, max_tokens)
@@ -176,6 +190,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-tokens", type=strict_int, default=16)
     p.add_argument(
+        "--final",
+        choices=("user", "tool"),
+        default="user",
+        help="how a question arrives: as the final user turn, or as a tool result after a "
+        "task (an agent loop) (default: user)",
+    )
+    p.add_argument(
         "--last-n",
         type=strict_int,
         default=None,
@@ -203,6 +224,7 @@ def run(ns: argparse.Namespace) -> int:
         target,
         last_n,
         ns.max_tokens,
+        ns.final,
     )
     print(table(results))
     payload = {
@@ -213,6 +235,7 @@ def run(ns: argparse.Namespace) -> int:
             "last_n": last_n,
             "episodes": ns.episodes,
             "max_tokens": ns.max_tokens,
+            "final": ns.final,
         },
         "machine": machine_description(),
         "accuracy": accuracy(results),

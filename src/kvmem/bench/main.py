@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         agent,
         decode_sweep,
         fidelity,
+        models_cli,
         needle,
         summarize,
         synth_cli,
@@ -35,7 +36,16 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)"
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (synth_cli, needle, fidelity, agent, tools_bench, decode_sweep, summarize):
+    for module in (
+        synth_cli,
+        needle,
+        fidelity,
+        agent,
+        tools_bench,
+        decode_sweep,
+        summarize,
+        models_cli,
+    ):
         module.add_parser(subparsers)
     return parser
 

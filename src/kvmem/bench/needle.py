@@ -2,7 +2,12 @@
 
 Every method answers the same prompts (greedy, at most `--max-tokens` tokens after an
 answer prefix such as "The pass key is"); an answer is correct when the expected digits
-appear in it. The session is reset between cases.
+appear in it.
+
+`--oracle` separates ranking from context effects: before each KVMem case the needle's
+token span (located in the rendered prompt) is set as the session's `force_spans`, so
+every reselection of that turn keeps the needle's block(s) in the window; it is reset to
+() after the case. If the model then answers, a miss without the oracle is a ranking miss.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ from kvmem.bench.engines import (
     settings_from_args,
 )
 from kvmem.bench.needle_data import Layout, NeedleCase, NeedleKind, NeedleSpec, build_case
+from kvmem.bench.oracle import check_oracle_hook, forced_spans
 from kvmem.bench.report import format_table, fraction, machine_description, write_json
 from kvmem.cli.kvmem_flags import strict_int
+from kvmem.engine import TokenSpan
 from kvmem.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -72,6 +79,8 @@ class NeedleResult:
     stage_in_blocks: int
     replayed_tokens: int
     profile: dict[str, float] = field(default_factory=dict)
+    needle_span: tuple[int, int] | None = None  # the needle's tokens [start, end) in the prompt
+    oracle: bool = False  # the needle's span was forced into the window
 
 
 def is_correct(answer: str, expected: str) -> bool:
@@ -89,7 +98,8 @@ def even_depths(n: int) -> tuple[float, ...]:
 
 def build_prompts(
     specs: Sequence[NeedleSpec], engine: BenchEngine
-) -> list[tuple[NeedleCase, RenderedPrompt]]:
+) -> list[tuple[NeedleCase, RenderedPrompt, TokenSpan | None]]:
+    """Each case rendered, with its needle's token span (None: not found in the prompt)."""
     renderer = make_renderer(engine)
     cache: dict[str, int] = {}
 
@@ -102,7 +112,9 @@ def build_prompts(
     out = []
     for spec in specs:
         case = build_case(spec, count)
-        out.append((case, renderer.render(case.messages, answer_prefix=case.answer_prefix)))
+        prompt = renderer.render(case.messages, answer_prefix=case.answer_prefix, tools=case.tools)
+        span = renderer.span_of(case.messages, prompt, case.needle, case.tools)
+        out.append((case, prompt, span))
     return out
 
 
@@ -115,6 +127,7 @@ def run_needle(
     progress: Callable[[NeedleResult], None] | None = None,
     reset_each_case: bool = False,
     n_ctx: int | None = None,
+    oracle: bool = False,
 ) -> list[NeedleResult]:
     """Ask every case of `specs` with every method, in the order of `specs`.
 
@@ -122,9 +135,12 @@ def run_needle(
     common prefix, as a server would: cases of one haystack (same layout, length and
     seed) differ only from the first needle on, so order them by depth (`NeedleGrid.specs`
     does) to reprocess as little as possible.
+
+    With `oracle`, each KVMem method's session is told to keep the needle's span in the
+    window for its case (`force_spans`); full context and lastn run as without it.
     """
     results: list[NeedleResult] = []
-    prompts: list[tuple[NeedleCase, RenderedPrompt]] | None = None
+    prompts: list[tuple[NeedleCase, RenderedPrompt, TokenSpan | None]] | None = None
     for method in methods:
         engine = factory.open(Method.FULL if method is Method.LAST_N else method)
         try:
@@ -132,12 +148,18 @@ def run_needle(
                 prompts = build_prompts(specs, engine)
                 if n_ctx is not None:
                     check_fit(prompts, n_ctx, max_tokens)
+                if oracle:
+                    check_spans(prompts)
+            forcing = oracle and method.uses_kvmem
+            if forcing:
+                check_oracle_hook(engine)
             engine.reset()
-            for case, prompt in prompts:
+            for case, prompt, span in prompts:
                 if reset_each_case:
                     engine.reset()
                 shown = last_tokens_only(prompt, last_n) if method is Method.LAST_N else prompt
-                answer = ask(engine, shown, max_tokens)
+                with forced_spans(engine, (span,) if forcing and span is not None else ()):
+                    answer = ask(engine, shown, max_tokens)
                 spec = case.spec
                 result = NeedleResult(
                     method=method,
@@ -156,6 +178,8 @@ def run_needle(
                     stage_in_blocks=answer.stage_in_blocks,
                     replayed_tokens=answer.replayed_tokens,
                     profile=answer.profile,
+                    needle_span=(span.start, span.end) if span is not None else None,
+                    oracle=forcing,
                 )
                 results.append(result)
                 if progress is not None:
@@ -165,11 +189,26 @@ def run_needle(
     return results
 
 
+def check_spans(prompts: Sequence[tuple[NeedleCase, RenderedPrompt, TokenSpan | None]]) -> None:
+    """The oracle needs every needle's span: refuse the grid before the first case if one
+    was not found in its rendered prompt."""
+    for case, _, span in prompts:
+        if span is None:
+            s = case.spec
+            raise ConfigError(
+                "--oracle",
+                f"the needle of the {s.kind.value}/{s.layout.value} case of length {s.length} "
+                f"(depth {s.depth:.2f}, seed {s.seed}) is not in its rendered prompt",
+            )
+
+
 def check_fit(
-    prompts: Sequence[tuple[NeedleCase, RenderedPrompt]], n_ctx: int, max_tokens: int
+    prompts: Sequence[tuple[NeedleCase, RenderedPrompt, TokenSpan | None]],
+    n_ctx: int,
+    max_tokens: int,
 ) -> None:
     """Refuse the grid before the first case if a rendered case cannot fit -c."""
-    for case, prompt in prompts:
+    for case, prompt, _ in prompts:
         if len(prompt.tokens) + max_tokens > n_ctx:
             s = case.spec
             raise ConfigError(
@@ -244,7 +283,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("needle", help="pass-key recall by depth and length, per method")
     add_engine_arguments(p, DEFAULT_METHODS)
     p.add_argument("--kinds", default="passkey", help="passkey,multikey")
-    p.add_argument("--layouts", default="document", help="document,tools")
+    p.add_argument(
+        "--layouts",
+        default="document",
+        help="document,tools,agent (agent: the final message is a tool result)",
+    )
     p.add_argument("--lengths", default="6144", help="comma-separated target prompt tokens")
     p.add_argument("--depths", type=strict_int, default=10, help="number of depths in [0, 1]")
     p.add_argument("--seeds", type=strict_int, default=3, help="seeds per cell")
@@ -266,6 +309,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--reset-each-case",
         action="store_true",
         help="process every case from scratch (default: reuse the common prefix of consecutive cases)",
+    )
+    p.add_argument(
+        "--oracle",
+        action="store_true",
+        help="force each needle's block(s) into the KVMem window (ranking vs context diagnosis)",
     )
     p.set_defaults(handler=run)
 
@@ -312,6 +360,7 @@ def run(ns: argparse.Namespace) -> int:
                 "last_n": last_n,
                 "max_tokens": ns.max_tokens,
                 "reset_each_case": ns.reset_each_case,
+                "oracle": ns.oracle,
             },
             "machine": machine_description(),
             "grid": grid,
@@ -343,6 +392,7 @@ def run(ns: argparse.Namespace) -> int:
         progress=progress,
         reset_each_case=ns.reset_each_case,
         n_ctx=settings.n_ctx,
+        oracle=ns.oracle,
     )
     print(tables(results))
     plots: list[str] = []

@@ -1,9 +1,11 @@
 """Needle-in-a-haystack cases: pass keys hidden at a depth of a long conversation.
 
-Two layouts: `document` (one user message holds a long document, the assistant
-acknowledges it, then a separate user turn asks the question) and `tools` (an agent
+Three layouts: `document` (one user message holds a long document, the assistant
+acknowledges it, then a separate user turn asks the question), `tools` (an agent
 conversation of tool calls and tool results: logs, JSON and source files; the needle is
-one line of a tool result). Kinds: `passkey` (one key) and `multikey` (four keys for
+one line of a tool result; then a user question) and `agent` (the agent loop itself: the
+last user message is the task at the start, the needle is a line of a tool result, and
+the final message is a tool result that asks for the key; see `needle_agent`). Kinds: `passkey` (one key) and `multikey` (four keys for
 named vaults, the question asks for one of them). Cases are a pure function of their
 spec, so every method sees the same tokens.
 """
@@ -14,6 +16,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from kvmem.bench import content
 from kvmem.bench.conversation import Message, Role
@@ -44,6 +47,7 @@ class NeedleKind(Enum):
 class Layout(Enum):
     DOCUMENT = "document"
     TOOLS = "tools"
+    AGENT = "agent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +65,8 @@ class NeedleCase:
     messages: list[Message]
     expected: str  # the digits the answer must contain
     answer_prefix: str
+    needle: str = ""  # the sentence that holds the expected key (the oracle forces its tokens)
+    tools: list[dict[str, Any]] | None = None  # tool definitions the prompt is rendered with
 
 
 def needle_sentence(key: str, vault: str | None) -> str:
@@ -82,9 +88,22 @@ def build_case(spec: NeedleSpec, count_tokens: Callable[[str], int]) -> NeedleCa
         vaults = key_rng.sample(content.VAULTS, _N_DISTRACTORS + 1)
         target_vault, others = vaults[0], vaults[1:]
     key = content.passkey(key_rng)
-    needles = [(spec.depth, needle_sentence(key, target_vault))]
+    needle = needle_sentence(key, target_vault)
+    needles = [(spec.depth, needle)]
     for vault in others:
         needles.append((key_rng.random(), needle_sentence(content.passkey(key_rng), vault)))
+    if spec.layout is Layout.AGENT:
+        from kvmem.bench.needle_agent import agent_loop_case
+
+        loop = agent_loop_case(spec.length, hay_rng, needles, target_vault, count_tokens)
+        return NeedleCase(
+            spec=spec,
+            messages=loop.messages,
+            expected=key,
+            answer_prefix=loop.answer_prefix,
+            needle=needle,
+            tools=loop.tools,
+        )
     if target_vault is None:
         question = "What is the pass key? Answer with the number only."
         prefix = ANSWER_PREFIX
@@ -106,7 +125,9 @@ def build_case(spec: NeedleSpec, count_tokens: Callable[[str], int]) -> NeedleCa
         messages = _document_messages(hay_rng, budget, needles, count_tokens, question)
     else:
         messages = _tool_messages(hay_rng, budget, needles, count_tokens, question)
-    return NeedleCase(spec=spec, messages=messages, expected=key, answer_prefix=prefix)
+    return NeedleCase(
+        spec=spec, messages=messages, expected=key, answer_prefix=prefix, needle=needle
+    )
 
 
 def _insert(units: list[str], needles: list[tuple[float, str]]) -> list[str]:
@@ -142,29 +163,41 @@ def _document_messages(
     ]
 
 
-def _tool_messages(
+def tool_rounds(
     rng: random.Random,
     budget: int,
     needles: list[tuple[float, str]],
     count_tokens: Callable[[str], int],
-    question: str,
-) -> list[Message]:
-    """Rounds of (tool call, tool result); the needles are lines of the results."""
-    calls: list[str] = []
+    render_call: Callable[[str, str, str], str],
+    round_markup: int = 2 * _MARKUP_TOKENS,
+    trim: bool = False,
+) -> list[tuple[str, str, str, list[str]]]:
+    """Rounds of (tool name, argument name, argument, result lines) filling `budget` tokens, with the
+    needles inserted as lines of the results at their depths. `render_call(name, key,
+    input)` is the call's text as the prompt shows it (for counting). With `trim`, lines
+    are dropped from the end of the last result while the rounds still fill the budget
+    (results are up to ~1K tokens, so without it a prompt can overshoot by that much)."""
+    actions: list[tuple[str, str, str]] = []
     results: list[list[str]] = []
     used = sum(count_tokens(text + "\n") for _, text in needles)
     kind = 0
     while used < budget:
         kind += 1
-        call = _tool_call(rng, kind)
+        action = _tool_action(rng, kind)
         lines = content.tool_output(rng, kind, rng.randrange(8, 20)).split("\n")
         used += (
-            count_tokens(call)
+            count_tokens(render_call(*action))
             + sum(count_tokens(line + "\n") for line in lines)
-            + 2 * _MARKUP_TOKENS
+            + round_markup
         )
-        calls.append(call)
+        actions.append(action)
         results.append(lines)
+    while trim and results and len(results[-1]) > 1:
+        cost = count_tokens(results[-1][-1] + "\n")
+        if used - cost < budget:
+            break
+        used -= cost
+        results[-1].pop()
     flat = [(r, line) for r, lines in enumerate(results) for line in lines]
     marked = _insert([f"{r}\x00{line}" for r, line in flat], needles)
     regrouped: list[list[str]] = [[] for _ in results]
@@ -176,26 +209,42 @@ def _tool_messages(
             regrouped[last_round].append(line)
         else:  # a needle: joins the round of the line before it (or the first round)
             regrouped[last_round].append(unit)
+    return [(*action, lines) for action, lines in zip(actions, regrouped, strict=True)]
+
+
+def _tool_messages(
+    rng: random.Random,
+    budget: int,
+    needles: list[tuple[float, str]],
+    count_tokens: Callable[[str], int],
+    question: str,
+) -> list[Message]:
+    """Rounds of (tool call, tool result); the needles are lines of the results."""
+    rounds = tool_rounds(rng, budget, needles, count_tokens, _tool_call_text)
     messages = [
         Message(Role.SYSTEM, AGENT_SYSTEM_PROMPT),
         Message(Role.USER, _TOOLS_TASK),
     ]
-    for call, lines in zip(calls, regrouped, strict=True):
-        messages.append(Message(Role.ASSISTANT, call))
+    for name, key, arg, lines in rounds:
+        messages.append(Message(Role.ASSISTANT, _tool_call_text(name, key, arg)))
         messages.append(Message(Role.TOOL, "\n".join(lines)))
     messages.append(Message(Role.ASSISTANT, _TOOLS_ACK))
     messages.append(Message(Role.USER, question))
     return messages
 
 
-def _tool_call(rng: random.Random, kind: int) -> str:
+def _tool_action(rng: random.Random, kind: int) -> tuple[str, str, str]:
+    """(tool name, argument name, argument) of the round's call."""
     kind %= 4
     if kind == 0:
-        name, arg = "run_command", f"tail -n 20 logs/{rng.choice(content.SERVICES)}.log"
-    elif kind == 1:
-        name, arg = "query_db", f"SELECT * FROM orders LIMIT {rng.randrange(5, 30)}"
-    elif kind == 2:
-        name, arg = "read_file", f"src/{rng.choice(content.NOUNS)}_service.py"
-    else:
-        name, arg = "read_file", f"docs/{rng.choice(content.NOUNS)}.txt"
+        return "run_command", "command", f"tail -n 20 logs/{rng.choice(content.SERVICES)}.log"
+    if kind == 1:
+        return "query_db", "sql", f"SELECT * FROM orders LIMIT {rng.randrange(5, 30)}"
+    if kind == 2:
+        return "read_file", "path", f"src/{rng.choice(content.NOUNS)}_service.py"
+    return "read_file", "path", f"docs/{rng.choice(content.NOUNS)}.txt"
+
+
+def _tool_call_text(name: str, _key: str, arg: str) -> str:
+    """The `tools` layout's call: Hermes text in the assistant content, one `input` argument."""
     return f'<tool_call>{{"name": "{name}", "arguments": {{"input": "{arg}"}}}}</tool_call>'

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from kvmem.errors import ConfigError, KVMemError
+from kvmem.models import resolve_model_flag
 
 from .kvmem_flags import (
     add_kv_cache_arguments,
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-m",
         "--model",
         default=None,
-        help="GGUF model (default: the embedded SmolLM2-135M-Instruct)",
+        help="GGUF model file or a model name (qwen-0.5b) (default: the embedded SmolLM2-135M-Instruct)",
     )
     p.add_argument(
         "-c",
@@ -116,8 +117,6 @@ def _check(ns: argparse.Namespace) -> None:
         raise ConfigError("-f", "give either -p or -f, not both")
     if ns.file is not None and not os.path.isfile(ns.file):
         raise ConfigError("-f", f"prompt file not found: {ns.file}")
-    if ns.model is not None and not os.path.isfile(ns.model):
-        raise ConfigError("-m", f"model file not found: {ns.model}")
 
 
 def parse_gpu_layers(value: str) -> int:
@@ -140,8 +139,11 @@ def settings_from_args(ns: argparse.Namespace):
     flags = kvmem_config_from_args(
         ns, trace_env=os.environ.get("KVMEM_TRACE", "0") not in ("", "0")
     )
+    model = resolve_model_flag(ns.model, "-m")  # a catalog name -> its joined GGUF
+    if model is not None and not os.path.isfile(model):
+        raise ConfigError("-m", f"model file not found: {model}")
     settings = EngineSettings(
-        model_path=ns.model,
+        model_path=model,
         n_ctx=ns.ctx_size,
         n_batch=ns.batch_size,
         n_ubatch=ns.ubatch_size,

@@ -41,7 +41,7 @@ class FlagSpec:
 F = FlagSpec
 # fmt: off
 SERVER_FLAGS: tuple[FlagSpec, ...] = (
-    F(("-m", "--model"), "model", "GGUF model file", t.non_empty, None, "LLAMA_ARG_MODEL",
+    F(("-m", "--model"), "model", "GGUF model file or a model name (qwen-0.5b)", t.non_empty, None, "LLAMA_ARG_MODEL",
       metavar="FNAME", shown_default="the embedded SmolLM2-135M-Instruct"),
     F(("-a", "--alias"), "alias", "model name in /v1/models", t.non_empty, None, "LLAMA_ARG_ALIAS",
       metavar="NAME", shown_default="the model file name"),

@@ -19,6 +19,7 @@ from kvmem.cli.kvmem_flags import kvmem_config_from_args
 from kvmem.cli.server_args import ParsedArgs, parse_server_argv
 from kvmem.engine import EngineSettings, SamplingParams
 from kvmem.errors import ConfigError
+from kvmem.models import resolve_model_flag
 from kvmem.server.settings import ServerSettings, Source
 
 logger = logging.getLogger(__name__)
@@ -103,8 +104,9 @@ def _ui_dir(v: dict[str, Any]) -> str | None:
 def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> ServerSettings:
     v = parsed.values
     _check_gpu_options(v, parsed.warnings)
-    if v["model"] is not None:
-        check_gguf_file(str(v["model"]), "--model")
+    model = resolve_model_flag(v["model"], "--model")  # a catalog name -> its joined GGUF
+    if model is not None:
+        check_gguf_file(model, "--model")
     if v["mmproj"] is not None:
         check_gguf_file(str(v["mmproj"]), "--mmproj")
         parsed.warnings.append(
@@ -128,7 +130,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
     threads = None if v["threads"] == -1 else v["threads"]
     threads_batch = threads if v["threads_batch"] == -1 else v["threads_batch"]
     engine = EngineSettings(
-        model_path=v["model"],
+        model_path=model,
         n_ctx=v["ctx_size"] or 0,
         n_batch=batch,
         n_ubatch=ubatch,
