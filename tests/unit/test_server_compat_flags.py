@@ -112,3 +112,25 @@ def test_unknown_template_name_lists_the_builtins() -> None:
     assert "chatml, command-r, deepseek, deepseek3, gemma, llama2, llama3, mistral-v7, phi3" in str(
         info.value
     )
+
+
+def test_reasoning_format_none_keeps_thinking_in_content() -> None:
+    import asyncio
+
+    from kvmem.server.channel import EventChannel
+    from kvmem.server.chat_job import prepare_chat_job
+    from kvmem.server.schemas import parse_chat_request
+
+    source = (
+        "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] }}"
+        "{%- endfor %}{{ '<|im_start|>assistant\\n<think>\\n' }}"
+    )
+    template = ChatTemplate(source)
+    request = parse_chat_request({"messages": [{"role": "user", "content": "hi"}]})
+    channel = EventChannel(asyncio.new_event_loop())
+    auto = prepare_chat_job(request, load()[0], template, channel)
+    assert auto.reasoning is not None and auto.rendered.opens_reasoning
+    none = prepare_chat_job(request, load("--reasoning-format", "none")[0], template, channel)
+    assert none.reasoning is None and not none.rendered.opens_reasoning
+    with pytest.raises(ConfigError, match="'deepseek-legacy'.*is not supported"):
+        load("--reasoning-format", "deepseek-legacy")

@@ -114,13 +114,18 @@ def add_compat_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
-REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
+REASONING_FORMATS = ("none", "auto", "deepseek")
 
 
 def reasoning_format(text: str) -> str:
-    """--reasoning-format: none (thinking stays in content), auto/deepseek (reasoning_content),
-    deepseek-legacy (both)."""
+    """--reasoning-format: none (thinking stays in content, tags included) or auto/deepseek
+    (thinking goes to reasoning_content). deepseek-legacy (both at once) is not offered."""
     value = text.strip().lower()
+    if value == "deepseek-legacy":
+        raise argparse.ArgumentTypeError(
+            "'deepseek-legacy' (thinking in both content and reasoning_content) is not "
+            "supported: use deepseek or none"
+        )
     if value not in REASONING_FORMATS:
         raise argparse.ArgumentTypeError(
             f"invalid reasoning format {text!r}: use one of {', '.join(REASONING_FORMATS)}"

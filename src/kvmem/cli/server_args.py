@@ -71,8 +71,8 @@ SERVER_FLAGS: tuple[FlagSpec, ...] = (
     F(("--slots",), "slots", "expose the /slots monitoring endpoint", None, True,
       "LLAMA_ARG_ENDPOINT_SLOTS", negative=("--no-slots",)),
     F(("--reasoning-format",), "reasoning_format",
-      "where thinking goes: none (in content), auto/deepseek (reasoning_content), "
-      "deepseek-legacy (both)", reasoning_format, "auto", "LLAMA_ARG_REASONING_FORMAT",
+      "where thinking goes: none (in content) or auto/deepseek (reasoning_content)",
+      reasoning_format, "auto", "LLAMA_ARG_REASONING_FORMAT",
       metavar="FORMAT"),
     F(("-v", "--verbose", "--log-verbose"), "verbose", "log everything (same as -lv 5)", None,
       False),

@@ -144,6 +144,8 @@ def prepare_chat_job(
         add_generation_prompt=prefill.add_generation_prompt,
         prefill=prefill.text,
     )
+    if settings.reasoning_format == "none":  # thinking stays in the content, tags included
+        rendered.opens_reasoning = False
     return ChatJob(
         rendered=rendered,
         sampling=sampling_for(request, settings.sampling),
@@ -153,7 +155,7 @@ def prepare_chat_job(
         grammar=_grammar(request, template, tools),
         tool_format=template.tool_format if tools else None,
         tools=tools,
-        reasoning=template.reasoning,
+        reasoning=None if settings.reasoning_format == "none" else template.reasoning,
         reasoning_budget=plan.budget,
         budget_message=settings.budget_message,
         ignore_eos=bool(request.ignore_eos),
