@@ -120,7 +120,11 @@ def parse_report(path: Path) -> list[Outcome]:
         for child in case:
             if child.tag in ("failure", "error", "skipped"):
                 outcome = {"failure": "failed"}.get(child.tag, child.tag)
-                message = (child.get("message") or "").splitlines()[0][:200] if child.get("message") else ""
+                message = (
+                    (child.get("message") or "").splitlines()[0][:200]
+                    if child.get("message")
+                    else ""
+                )
                 break
         outcomes.append(Outcome(name, outcome, message))
     return outcomes

@@ -278,3 +278,42 @@ def test_bad_input_to_new_endpoints_is_a_400_envelope(
 ) -> None:
     err = post(main_server, path, body, status=400)["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param
+
+
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+BARE_CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+
+
+def test_bare_json_reply_is_a_tool_call_only_when_tools_are_given(main_server: LiveServer) -> None:
+    grammar = "root ::= " + json.dumps(BARE_CALL)  # the model must write exactly BARE_CALL
+    ask = {"messages": CHAT, "max_tokens": 160, "grammar": grammar, **GREEDY}
+    with_tools = post(main_server, "/v1/chat/completions", {**ask, "tools": WEATHER})
+    choice = with_tools["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    calls = choice["message"]["tool_calls"]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    chunks = sse(main_server, "/v1/chat/completions", {**ask, "tools": WEATHER, "stream": True})
+    deltas = [
+        d for c in chunks if c["choices"] for d in c["choices"][0]["delta"].get("tool_calls", [])
+    ]
+    assert deltas[0]["function"]["name"] == "get_weather"
+    assert json.loads("".join(d["function"].get("arguments", "") for d in deltas)) == {
+        "city": "Paris"
+    }
+    assert not any(c["choices"][0]["delta"].get("content") for c in chunks if c["choices"])
+    without = post(main_server, "/v1/chat/completions", ask)["choices"][0]
+    assert (without["message"]["content"], without["finish_reason"]) == (BARE_CALL, "stop")
+    none = post(
+        main_server, "/v1/chat/completions", {**ask, "tools": WEATHER, "tool_choice": "none"}
+    )
+    assert none["choices"][0]["message"]["content"] == BARE_CALL
