@@ -134,3 +134,15 @@ def test_reasoning_format_none_keeps_thinking_in_content() -> None:
     assert none.reasoning is None and not none.rendered.opens_reasoning
     with pytest.raises(ConfigError, match="'deepseek-legacy'.*is not supported"):
         load("--reasoning-format", "deepseek-legacy")
+
+
+def test_thinking_off_closes_a_block_the_template_always_opens() -> None:
+    from kvmem.chat.prompt import render_prompt
+
+    source = "{{ messages[0]['content'] }}<｜Assistant｜><think>\n"
+    template = ChatTemplate(source)
+    messages = [{"role": "user", "content": "hi"}]
+    on = render_prompt(template, messages, template_kwargs={"enable_thinking": True})
+    assert on.text.endswith("<think>\n") and on.opens_reasoning
+    off = render_prompt(template, messages, template_kwargs={"enable_thinking": False})
+    assert off.text == "hi<｜Assistant｜><think>\n</think>" and not off.opens_reasoning

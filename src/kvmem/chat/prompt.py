@@ -61,11 +61,16 @@ def render_prompt(
     text = template.render(
         messages, add_generation_prompt=add_generation_prompt, tools=tools, **kwargs
     )
+    opens = prompt_opens_reasoning(text, template.reasoning)
+    if opens and kwargs.get("enable_thinking") is False and template.reasoning and not prefill:
+        # thinking is off but the template always opens the block: close it (as llama.cpp does)
+        text += template.reasoning.close
+        opens = False
     text += prefill
     return RenderedPrompt(
         text=text,
         query_chars=_query_chars(template, messages, text, tools, kwargs),
-        opens_reasoning=prompt_opens_reasoning(text, template.reasoning),
+        opens_reasoning=opens if not prefill else prompt_opens_reasoning(text, template.reasoning),
     )
 
 
