@@ -139,7 +139,7 @@ def test_reasoning_format_none_keeps_thinking_in_content() -> None:
 def test_thinking_off_closes_a_block_the_template_always_opens() -> None:
     from kvmem.chat.prompt import render_prompt
 
-    source = "{{ messages[0]['content'] }}<｜Assistant｜><think>\n"
+    source = "{{ messages[0]['content'] }}<｜Assistant｜>{{ '<think>\\n' }}"
     template = ChatTemplate(source)
     messages = [{"role": "user", "content": "hi"}]
     on = render_prompt(template, messages, template_kwargs={"enable_thinking": True})
