@@ -146,3 +146,14 @@ def test_thinking_off_closes_a_block_the_template_always_opens() -> None:
     assert on.text.endswith("<think>\n") and on.opens_reasoning
     off = render_prompt(template, messages, template_kwargs={"enable_thinking": False})
     assert off.text == "hi<｜Assistant｜><think>\n</think>" and not off.opens_reasoning
+
+
+def test_reasoning_auto_turns_thinking_on_where_the_template_offers_it() -> None:
+    from kvmem.chat.prompt import render_prompt
+
+    source = "{{ '<think>\\n' }}{% if not enable_thinking %}{{ '</think>' }}{% endif %}"
+    template = ChatTemplate(source)
+    messages = [{"role": "user", "content": "hi"}]
+    assert render_prompt(template, messages).text == "<think>\n"
+    off = render_prompt(template, messages, template_kwargs={"enable_thinking": False})
+    assert off.text == "<think>\n</think>"

@@ -57,7 +57,9 @@ def render_prompt(
     """Render normalized messages with a generation prompt and locate the query text.
 
     `prefill` (an assistant prefill, kvmem.chat.prefill) is appended to the rendering."""
-    kwargs = template_kwargs or {}
+    kwargs = dict(template_kwargs or {})
+    if "enable_thinking" not in kwargs and "enable_thinking" in template.source:
+        kwargs["enable_thinking"] = True  # llama-server's --reasoning auto: on where offered
     text = template.render(
         messages, add_generation_prompt=add_generation_prompt, tools=tools, **kwargs
     )
