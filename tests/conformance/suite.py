@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -79,6 +80,12 @@ def server_command() -> str:
     return found
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def write_wrapper(cache: Path) -> Path:
     wrapper = cache / "kvmem-llama-server"
     wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "launcher.py"}" "$@"\n')
@@ -101,6 +108,7 @@ def run_suite(
         "KVMEM_CONFORMANCE_MODEL": smollm2_path(),
         "KVMEM_CONFORMANCE_SERVER": server_command(),
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "PORT": str(_free_port()),  # the suite's utils.py reads it (default 8080)
     }
     cmd = [
         sys.executable, "-m", "pytest", "-q", "-p", "conformance_plugin", "-p", "no:cacheprovider",
