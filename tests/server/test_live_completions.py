@@ -156,6 +156,8 @@ def test_logit_bias_bans_tokens_and_rejects_other_biases(main_server: LiveServer
         },
     )
     assert banned["tokens"] and banned["tokens"][0] != top
+    assert banned["generation_settings"]["logit_bias"] == [{"token": top, "bias": None}]
+    assert first["generation_settings"]["logit_bias"] == []
     ask = {"messages": CHAT, "max_tokens": 1, "logprobs": True, **GREEDY}
     plain = post(main_server, "/v1/chat/completions", ask)["choices"][0]["logprobs"]["content"][0]
     ids = post(main_server, "/tokenize", {"content": plain["token"]})["tokens"]

@@ -50,6 +50,7 @@ class NativeShape:
     post_sampling: bool
     return_tokens: bool
     stop: tuple[str, ...]
+    bans: tuple[int, ...] = ()
 
     def settings(self) -> dict[str, Any]:
         s = self.sampling
@@ -68,6 +69,7 @@ class NativeShape:
             "adaptive_target": None,
             "adaptive_decay": None,
             "post_sampling_probs": self.post_sampling,
+            "logit_bias": [{"token": t, "bias": None} for t in self.bans],  # null = -inf
         }
 
 

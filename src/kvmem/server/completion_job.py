@@ -60,6 +60,7 @@ class CompletionJob:
     ignore_eos: bool = False
     banned_tokens: tuple[int, ...] = ()
     grammar: str | None = None
+    reported_bans: tuple[int, ...] = ()  # generation_settings.logit_bias (with ignore_eos' EOG)
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def run(self, engine: ChatEngine) -> Any:

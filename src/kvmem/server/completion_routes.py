@@ -92,11 +92,8 @@ def _jobs(
 
     vocab = state.vocab
     assert vocab is not None
-    asked = r.max_tokens if openai or r.n_predict is None else r.n_predict
-    if asked is None and not openai:
-        asked = r.max_tokens
-    if openai and asked is None:
-        asked = 16 if state.settings.n_predict < 0 else state.settings.n_predict
+    first, second = (r.max_tokens, r.n_predict) if openai else (r.n_predict, r.max_tokens)
+    asked = first if first is not None else second  # neither: the server's -n
     caps = [v for v in (asked, state.settings.n_predict) if v is not None and v > 0]
     max_tokens = min(caps) if caps else (-1 if asked in (None, -1) else 0)
     sampling = sampling_for(r, state.settings.sampling)  # type: ignore[arg-type]
@@ -122,6 +119,11 @@ def _jobs(
             grammar=_grammar(r),
         )
         jobs.append((job, _prompt_text(vocab, tokens)))
+    bans = list(banned)
+    if r.ignore_eos:
+        bans += list(getattr(vocab, "eog_tokens", tuple)())
+    for job, _ in jobs:
+        job.reported_bans = tuple(dict.fromkeys(bans))
     if r.stream and len(jobs) > 1:
         raise InvalidRequestError("streaming takes one prompt, not a batch", "prompt")
     return jobs
@@ -170,6 +172,7 @@ async def _handle(request: Request, *, openai: bool) -> Response:
             r.post_sampling_probs,
             r.return_tokens,
             r.stop_list,
+            job.reported_bans,
         )
         for job, text in jobs
     ]
