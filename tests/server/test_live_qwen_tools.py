@@ -75,7 +75,7 @@ def _tool_result(call: dict[str, Any]) -> str:
 def _streamed(client: Any, messages: list[dict[str, Any]]) -> tuple[str, list[dict], str]:
     content, calls, finish = "", [], ""
     stream = client.chat.completions.create(
-        model="qwen", messages=messages, tools=TOOLS, max_tokens=64, stream=True, temperature=0
+        model="qwen", messages=messages, tools=TOOLS, max_tokens=160, stream=True, temperature=0
     )
     for chunk in stream:
         if not chunk.choices:
@@ -98,7 +98,7 @@ def test_three_tool_rounds_stream_equals_non_stream(qwen_server: LiveServer) -> 
     rounds = 0
     for _ in range(3):
         res = client.chat.completions.create(
-            model="qwen", messages=messages, tools=TOOLS, max_tokens=64, temperature=0
+            model="qwen", messages=messages, tools=TOOLS, max_tokens=160, temperature=0
         )
         choice = res.choices[0]
         content, streamed_calls, finish = _streamed(client, messages)
