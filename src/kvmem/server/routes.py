@@ -91,11 +91,10 @@ async def metrics(request: Request) -> Response:
             "this server has no metrics endpoint: start it with --metrics",
             "not_supported_error",
         )
-    return PlainTextResponse(
-        state.metrics.render(),
-        media_type="text/plain; version=0.0.4",
-        headers={"Process-Start-Time-Unix": str(PROCESS_STARTED)},
-    )
+    response = PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+    # llama-server's header, in its exact case (clients look it up case-sensitively)
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(PROCESS_STARTED).encode()))
+    return response
 
 
 async def _next_event(request: Request, channel: EventChannel, job: ChatJob) -> Any:
