@@ -21,6 +21,7 @@ from kvmem.chat.protocol import ChatEngine
 from kvmem.errors import InvalidRequestError
 from kvmem.server.auth import require_api_key
 from kvmem.server.channel import EventChannel, JobFailed, JobStarted
+from kvmem.server.chat_job import sampling_for
 from kvmem.server.completion_bodies import (
     NativeShape,
     OpenAIShape,
@@ -39,6 +40,7 @@ from kvmem.server.error_map import error_payload
 from kvmem.server.logit_bias import banned_tokens
 from kvmem.server.props import served_model_id
 from kvmem.server.responses import SSE_DONE, sse_data
+from kvmem.server.routes import _ready_state
 
 if TYPE_CHECKING:
     from kvmem.server.app import ServerState
@@ -88,8 +90,6 @@ def _grammar(r: CompletionRequest) -> str | None:
 def _jobs(
     state: ServerState, r: CompletionRequest, channel_for: Any, *, openai: bool
 ) -> list[tuple[CompletionJob, str]]:
-    from kvmem.server.chat_job import sampling_for
-
     vocab = state.vocab
     assert vocab is not None
     first, second = (r.max_tokens, r.n_predict) if openai else (r.n_predict, r.max_tokens)
@@ -154,8 +154,6 @@ async def _collect(request: Request, job: CompletionJob) -> tuple[list[Completio
 
 
 async def _handle(request: Request, *, openai: bool) -> Response:
-    from kvmem.server.routes import _ready_state
-
     r = parse_completion_request(_json_body(await request.body()))
     state = _ready_state(request)
     assert state.info is not None and state.vocab is not None

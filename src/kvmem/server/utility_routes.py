@@ -22,6 +22,7 @@ from kvmem.server.auth import require_api_key
 from kvmem.server.completion_routes import tokenize_parts
 from kvmem.server.completion_schema import prompt_parts
 from kvmem.server.error_map import envelope
+from kvmem.server.routes import _ready_state
 from kvmem.server.schemas import parse_chat_request
 
 if TYPE_CHECKING:
@@ -41,8 +42,6 @@ async def _body(request: Request) -> dict[str, Any]:
 
 
 def _state(request: Request) -> ServerState:
-    from kvmem.server.routes import _ready_state
-
     state = _ready_state(request)
     assert state.vocab is not None and state.template is not None and state.info is not None
     return state
