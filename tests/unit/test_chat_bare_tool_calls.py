@@ -55,6 +55,14 @@ def test_other_json_stays_content(text: str) -> None:
     assert calls(text) == (text, [])
 
 
+def test_calls_followed_by_other_objects_keep_the_calls() -> None:
+    text = CALL + '\n{"name": "main.py", "arguments": {}}\n{"name": "read_file", "argu'
+    assert calls(text) == (
+        '{"name": "main.py", "arguments": {}}\n{"name": "read_file", "argu',
+        [("read_file", {"path": "a.py"})],
+    )
+
+
 def test_without_tools_the_same_output_is_content() -> None:
     assert calls(CALL, tools=[]) == (CALL, [])
 

@@ -280,9 +280,11 @@ _FENCE = re.compile(r"^```[A-Za-z0-9_-]*[ \t]*\n?(.*?)\n?```$", re.S)
 def parse_bare_json(text: str, tools: list[dict[str, Any]]) -> ParsedOutput:
     """Calls written as bare JSON, without `<tool_call>` tags (small Qwen2.5-Coder models do).
 
-    The whole output, optionally in one code fence, must be one or more JSON objects
-    `{"name": N, "arguments": {...}}` (or `"parameters"`) where N names a given tool;
-    anything else stays content, so the same JSON answer without tools is never a call.
+    The output, optionally in one code fence, must start with one or more JSON objects
+    `{"name": N, "arguments": {...}}` (or `"parameters"`) where N names a given tool.
+    Further objects that are not such calls (small models ramble on, or are cut off by
+    max_tokens) come back as content next to the calls; prose around the objects keeps
+    the whole output content, so does any JSON answer without tools.
     """
     names = {t.get("function", {}).get("name") for t in tools}
     body = text.strip()
@@ -295,12 +297,15 @@ def parse_bare_json(text: str, tools: list[dict[str, Any]]) -> ParsedOutput:
     calls: list[ToolCall] = []
     pos = 0
     while pos < len(body):
+        start = pos
         try:
             obj, pos = decoder.raw_decode(body, pos)
+            call = _call_from_object(obj)
         except json.JSONDecodeError:
-            return ParsedOutput(text, [])
-        call = _call_from_object(obj)
+            call = None
         if call is None or call.name not in names:
+            if calls and body[start] == "{":  # more objects after the calls: not calls, content
+                return ParsedOutput(body[start:].strip(), calls)
             return ParsedOutput(text, [])
         calls.append(call)
         while pos < len(body) and body[pos] in " \t\r\n,;":
