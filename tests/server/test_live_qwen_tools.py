@@ -110,7 +110,9 @@ def test_three_tool_rounds_stream_equals_non_stream(qwen_server: LiveServer) -> 
             (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in streamed_calls
         ]
         assert {c["function"]["name"] for c in calls} <= {"read_file", "list_dir"}
-        messages.append({"role": "assistant", "content": choice.message.content, "tool_calls": calls})
+        messages.append(
+            {"role": "assistant", "content": choice.message.content, "tool_calls": calls}
+        )
         for call in calls:
             messages.append(
                 {"role": "tool", "tool_call_id": call["id"], "content": _tool_result(call)}

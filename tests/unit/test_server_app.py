@@ -206,7 +206,10 @@ def test_context_length_exceeded() -> None:
         )
     assert r.status_code == 400
     error = r.json()["error"]
-    assert (error["code"], error["type"]) == ("context_length_exceeded", "exceed_context_size_error")
+    assert (error["code"], error["type"]) == (
+        "context_length_exceeded",
+        "exceed_context_size_error",
+    )
     assert (error["n_ctx"], error["n_prompt_tokens"] > 40) == (40, True)
     assert fake.calls == []
 
