@@ -1,7 +1,10 @@
 """Qwen2.5-Coder-0.5B-Instruct tool calls through the `openai` client: a scripted agent loop.
 
-Three tool rounds: every time the model calls a tool (tagged or as bare JSON) the client
-gets `tool_calls`, and the streamed tool-call deltas add up to the non-streamed calls.
+Three tool rounds: in the first two the model calls tools on its own (Qwen2.5-Coder-0.5B
+writes them tagged or as bare JSON) and the client gets `tool_calls`; after the second
+result the model rambles, so the third round asks with `tool_choice: "required"` (the
+grammar-forced call). In every round the streamed tool-call deltas add up to the
+non-streamed calls.
 Greedy decoding keeps the run deterministic; prompts stay small (Qwen prefills at about
 100 tokens/s on 2 cores).
 """
@@ -72,10 +75,18 @@ def _tool_result(call: dict[str, Any]) -> str:
     return FILES.get(path.removeprefix("./") or ".", f"error: {path} not found")
 
 
-def _streamed(client: Any, messages: list[dict[str, Any]]) -> tuple[str, list[dict], str]:
+def _streamed(
+    client: Any, messages: list[dict[str, Any]], choice: str
+) -> tuple[str, list[dict], str]:
     content, calls, finish = "", [], ""
     stream = client.chat.completions.create(
-        model="qwen", messages=messages, tools=TOOLS, max_tokens=160, stream=True, temperature=0
+        model="qwen",
+        messages=messages,
+        tools=TOOLS,
+        tool_choice=choice,
+        max_tokens=160,
+        stream=True,
+        temperature=0,
     )
     for chunk in stream:
         if not chunk.choices:
@@ -96,12 +107,17 @@ def test_three_tool_rounds_stream_equals_non_stream(qwen_server: LiveServer) -> 
     client = openai.OpenAI(base_url=qwen_server.base_url + "/v1", api_key="none", timeout=1800)
     messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
     rounds = 0
-    for _ in range(3):
+    for tool_choice in ("auto", "auto", "required"):
         res = client.chat.completions.create(
-            model="qwen", messages=messages, tools=TOOLS, max_tokens=160, temperature=0
+            model="qwen",
+            messages=messages,
+            tools=TOOLS,
+            tool_choice=tool_choice,
+            max_tokens=160,
+            temperature=0,
         )
         choice = res.choices[0]
-        content, streamed_calls, finish = _streamed(client, messages)
+        content, streamed_calls, finish = _streamed(client, messages, tool_choice)
         calls = [c.model_dump() for c in choice.message.tool_calls or []]
         assert calls, f"round {rounds}: no tool call; content {choice.message.content!r}"
         assert choice.finish_reason == finish == "tool_calls"
