@@ -250,11 +250,11 @@ async def _stream(
 
 
 @completion_router.post("/completion")
+@completion_router.post("/completions")
 async def completion(request: Request) -> Response:
     return await _handle(request, openai=False)
 
 
 @completion_router.post("/v1/completions")
-@completion_router.post("/completions")
 async def v1_completions(request: Request) -> Response:
     return await _handle(request, openai=True)
