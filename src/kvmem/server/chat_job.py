@@ -16,6 +16,7 @@ from kvmem.chat.messages import normalize_messages
 from kvmem.chat.prefill import plan_prefill
 from kvmem.chat.prompt import PromptTokens, RenderedPrompt, render_prompt
 from kvmem.chat.reasoning import ReasoningMarkers
+from kvmem.chat.schema_check import check_grammar_text
 from kvmem.chat.template import ChatTemplate
 from kvmem.chat.thinking import resolve_thinking
 from kvmem.chat.tool_calls import ToolFormat
@@ -103,6 +104,7 @@ def _grammar(
     if tools and isinstance(choice, NamedToolChoice):
         return tool_call_grammar(template.tool_format, tools, only=choice.function.name)
     if request.grammar is not None:
+        check_grammar_text(request.grammar)
         return request.grammar
     if request.json_schema is not None:
         return json_schema_grammar(request.json_schema)

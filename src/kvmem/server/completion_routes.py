@@ -8,7 +8,6 @@ after another and answers a list (`/completion`) or one choice per prompt
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvmem.chat.json_grammar import json_schema_grammar
 from kvmem.chat.protocol import ChatEngine
+from kvmem.chat.schema_check import check_grammar_text
 from kvmem.errors import InvalidRequestError
 from kvmem.server.auth import require_api_key
 from kvmem.server.channel import EventChannel, JobFailed, JobStarted
@@ -37,6 +37,7 @@ from kvmem.server.completion_schema import (
     prompt_parts,
 )
 from kvmem.server.error_map import error_payload
+from kvmem.server.json_body import parse_json_body
 from kvmem.server.logit_bias import banned_tokens
 from kvmem.server.props import served_model_id
 from kvmem.server.responses import SSE_DONE, sse_data
@@ -73,14 +74,12 @@ def tokenize_parts(vocab: ChatEngine, parts: list[PromptPart]) -> list[int]:
 
 
 def _json_body(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from None
+    return parse_json_body(raw)  # depth, number-size and surrogate limits before pydantic
 
 
 def _grammar(r: CompletionRequest) -> str | None:
     if r.grammar is not None:
+        check_grammar_text(r.grammar)
         return r.grammar
     if r.json_schema is not None:
         return json_schema_grammar(r.json_schema)

@@ -7,7 +7,6 @@ it never waits for the generation slot.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -22,6 +21,7 @@ from kvmem.server.auth import require_api_key
 from kvmem.server.completion_routes import tokenize_parts
 from kvmem.server.completion_schema import prompt_parts
 from kvmem.server.error_map import envelope
+from kvmem.server.json_body import parse_json_body
 from kvmem.server.routes import _ready_state
 from kvmem.server.schemas import parse_chat_request
 
@@ -32,10 +32,7 @@ utility_router = APIRouter(dependencies=[Depends(require_api_key)])
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from None
+    body = parse_json_body(await request.body())
     if not isinstance(body, dict):
         raise InvalidRequestError("the request body must be a JSON object")
     return body
