@@ -34,7 +34,7 @@ class ContextLengthExceededError(KVMemError):
 
     def __init__(self, n_tokens: int, n_ctx: int) -> None:
         super().__init__(
-            f"the request has {n_tokens} tokens, more than the context size of {n_ctx} tokens"
+            f"the request ({n_tokens} tokens) exceeds the available context size ({n_ctx} tokens)"
         )
         self.n_tokens = n_tokens
         self.n_ctx = n_ctx

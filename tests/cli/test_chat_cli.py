@@ -109,7 +109,7 @@ def test_prompt_longer_than_context_is_a_clear_error(tmp_path):
     prompt.write_text("the grass is green and the sky is blue. " * 200)
     run = _cli("-f", str(prompt), "-c", "512", "--raw", "-n", "8")
     assert run.returncode == 1
-    assert "more than the context size of 512 tokens" in run.stderr
+    assert "exceeds the available context size (512 tokens)" in run.stderr
     assert "Traceback" not in run.stderr
 
 

@@ -120,6 +120,7 @@ class FakeEngine:
         cancel: threading.Event | None = None,
         logits_out: Any = None,
         ignore_eos: bool = False,
+        banned_tokens: Sequence[int] = (),
     ) -> Iterator[int]:
         text = self.detokenize(prompt)
         self.calls.append(GenerateCall(text, query, sampling, max_tokens, grammar, ignore_eos))

@@ -81,7 +81,7 @@ MALFORMED = [
     '{"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}',
     '{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}}',
     '{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"enable_thinking": "no"}}',
-    '{"messages": [{"role": "user", "content": "hi"}], "n": 3}',
+    '{"messages": [{"role": "user", "content": "hi"}], "n": 9}',
     '{"messages": [{"role": "user", "content": "hi"}], "reasoning_budget_tokens": -9}',
     '{"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]}',
 ]

@@ -37,7 +37,8 @@ def test_help_lists_every_flag_with_defaults() -> None:
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
-        (["--parallel", "4"], {}, "--parallel: kvmem-server has a single slot"),
+        (["--embedding"], {}, "--embedding: embeddings and reranking are not offered"),
+        (["--hf-repo", "x/y"], {}, "--hf-repo: kvmem-server never downloads models"),
         (["-c", "0"], {}, "argument -c/--ctx-size: 0 is out of range"),
         (
             ["-ctk", "q8_0", "-ctv", "f16"],

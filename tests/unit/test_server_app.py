@@ -103,7 +103,7 @@ def test_stream_chunks_in_openai_order_with_usage(client: TestClient) -> None:
         events = sse_events(response.read().decode())
     assert events[-1] == "[DONE]"
     chunks = [e for e in events[:-1] if isinstance(e, dict)]
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[1:-2])
     assert text == "Hello there!"
     assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
@@ -206,8 +206,12 @@ def test_context_length_exceeded() -> None:
             "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 100}]}
         )
     assert r.status_code == 400
-    assert r.json()["error"]["code"] == "context_length_exceeded"
-    assert r.json()["error"]["type"] == "invalid_request_error"
+    error = r.json()["error"]
+    assert (error["code"], error["type"]) == (
+        "context_length_exceeded",
+        "exceed_context_size_error",
+    )
+    assert (error["n_ctx"], error["n_prompt_tokens"] > 40) == (40, True)
     assert fake.calls == []
 
 

@@ -49,7 +49,25 @@ MALFORMED: list[tuple[object, str | None]] = [
     ({"messages": USER, "stream": "yes"}, "stream"),
     ({"messages": USER, "stop": 7}, "stop"),
     ({"messages": USER, "seed": 1.5}, "seed"),
-    ({"messages": USER, "n": 2}, "n"),
+    ({"messages": USER, "n": 9}, "n"),
+    ({"messages": USER, "n": 2, "stream": True}, "n"),
+    ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
+    ({"messages": USER, "grammar": 'root ::= "a"', "json_schema": {}}, "grammar"),
+    ({"messages": USER, "logit_bias": {"5": 3}}, "logit_bias"),
+    (
+        {"messages": USER, "continue_final_message": True, "add_generation_prompt": True},
+        "continue_final_message",
+    ),
+    (
+        {
+            "messages": [
+                *USER,
+                {"role": "assistant", "content": "a"},
+                {"role": "assistant", "content": "b"},
+            ]
+        },
+        "messages",
+    ),
     ({"messages": USER, "tools": {"type": "function"}}, "tools"),
     (
         {"messages": USER, "tools": [{"type": "function", "function": {"name": "bad name!"}}]},

@@ -200,7 +200,6 @@ def test_gpu_layers_and_flash_attn_values() -> None:
         (["--port", "0"], "--port"),
         (["--port", "70000"], "--port"),
         (["--port", ""], "--port"),
-        (["--parallel", "2"], "--parallel"),
         (["--parallel", "0"], "--parallel"),
         (["--queue-size", "-1"], "--queue-size"),
         (["--image-max-tokens", "0"], "--image-max-tokens"),

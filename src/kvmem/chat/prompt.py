@@ -65,25 +65,45 @@ def render_prompt(
     *,
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    add_generation_prompt: bool = True,
+    prefill: str = "",
 ) -> RenderedPrompt:
-    """Render normalized messages with a generation prompt and locate the query text."""
-    kwargs = template_kwargs or {}
-    text = template.render(messages, add_generation_prompt=True, tools=tools, **kwargs)
+    """Render normalized messages with a generation prompt and locate the query text.
+
+    `prefill` (an assistant prefill, kvmem.chat.prefill) is appended to the rendering."""
+    kwargs = dict(template_kwargs or {})
+    if "enable_thinking" not in kwargs and "enable_thinking" in template.source:
+        kwargs["enable_thinking"] = True  # llama-server's --reasoning auto: on where offered
     index = last_user_index(messages)
 
+    def finish(raw: str) -> tuple[str, bool]:
+        opens = prompt_opens_reasoning(raw, template.reasoning)
+        if opens and kwargs.get("enable_thinking") is False and template.reasoning and not prefill:
+            # thinking is off but the template always opens the block: close it (as llama.cpp)
+            raw += template.reasoning.close
+            opens = False
+        raw += prefill
+        return raw, opens if not prefill else prompt_opens_reasoning(raw, template.reasoning)
+
     def render_neutral(transform: Callable[[Any], Any]) -> str:
-        return template.render(
+        raw = template.render(
             transform(messages),
-            add_generation_prompt=True,
+            add_generation_prompt=add_generation_prompt,
             tools=transform(tools),
             **transform(kwargs),
         )
+        return finish(raw)[0]
 
+    text, opens = finish(
+        template.render(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools, **kwargs
+        )
+    )
     pattern = special_pattern(getattr(template, "special_texts", ()))
     return RenderedPrompt(
         text=text,
         query_chars=_query_chars(template, messages, text, tools, kwargs),
-        opens_reasoning=prompt_opens_reasoning(text, template.reasoning),
+        opens_reasoning=opens,
         control_end=_control_end(template, messages, text, tools, kwargs),
         live_start=_content_start(text, messages[-1]),
         has_trajectory=index is not None and index < len(messages) - 1,

@@ -105,6 +105,7 @@ class ChatEngine(Protocol):
         cancel: threading.Event | None = None,
         logits_out: list[np.ndarray] | None = None,
         ignore_eos: bool = False,
+        banned_tokens: Sequence[int] = (),
     ) -> Iterator[int]: ...
 
     def reset(self) -> None: ...

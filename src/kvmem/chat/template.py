@@ -17,20 +17,14 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from kvmem.chat.builtin_templates import BUILTIN_TEMPLATES, CHATML
 from kvmem.chat.protocol import ModelInfoLike
 from kvmem.chat.reasoning import ReasoningMarkers, markers_for_template
 from kvmem.chat.template_caps import TemplateCaps, apply_polyfills, detect_caps
 from kvmem.chat.tool_calls import ToolFormat, detect_tool_format
 from kvmem.errors import ConfigError, TemplateError
 
-CHATML_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-
-BUILTIN_TEMPLATES: dict[str, str] = {"chatml": CHATML_TEMPLATE}
+CHATML_TEMPLATE = CHATML
 
 
 def _raise_exception(message: str) -> None:

@@ -67,9 +67,10 @@ def detect_tool_format(template_source: str) -> ToolFormat:
 
 
 def start_markers(fmt: ToolFormat) -> tuple[str, ...]:
-    """Text that begins a tool call in `fmt` (Llama-3 JSON: an opening brace at the start)."""
+    """Text that begins a tool call in `fmt`. `{` and a code fence count only at the start
+    of the output (Llama-3 JSON; Hermes' bare-JSON calls, see `parse_bare_json`)."""
     if fmt is ToolFormat.HERMES:
-        return ("<tool_call>",)
+        return ("<tool_call>", "{", "```")
     if fmt is ToolFormat.QWEN3_CODER:
         return ("<tool_call>", "<function=")
     if fmt is ToolFormat.MISTRAL:
@@ -91,7 +92,10 @@ def parse_tool_calls(
 ) -> ParsedOutput:
     """Split `text` into content and tool calls; unparseable calls stay in the content."""
     if fmt is ToolFormat.HERMES:
-        return _parse_tagged(text, _hermes_call, _TAGGED)
+        parsed = _parse_tagged(text, _hermes_call, _TAGGED)
+        if not parsed.tool_calls and tools:
+            return parse_bare_json(text, tools)
+        return parsed
     if fmt is ToolFormat.QWEN3_CODER:
         pattern = _TAGGED if "<tool_call>" in text else _BARE_FUNCTION
         return _parse_tagged(text, lambda body: _xml_calls(body, tools or []), pattern)
@@ -266,5 +270,44 @@ def _parse_llama3(text: str) -> ParsedOutput:
         calls.append(call)
         pos = end
         while pos < len(body) and body[pos] in " \t\r\n;":
+            pos += 1
+    return ParsedOutput("", calls)
+
+
+_FENCE = re.compile(r"^```[A-Za-z0-9_-]*[ \t]*\n?(.*?)\n?```$", re.S)
+
+
+def parse_bare_json(text: str, tools: list[dict[str, Any]]) -> ParsedOutput:
+    """Calls written as bare JSON, without `<tool_call>` tags (small Qwen2.5-Coder models do).
+
+    The output, optionally in one code fence, must start with one or more JSON objects
+    `{"name": N, "arguments": {...}}` (or `"parameters"`) where N names a given tool.
+    Further objects that are not such calls (small models ramble on, or are cut off by
+    max_tokens) come back as content next to the calls; prose around the objects keeps
+    the whole output content, so does any JSON answer without tools.
+    """
+    names = {t.get("function", {}).get("name") for t in tools}
+    body = text.strip()
+    fenced = _FENCE.match(body)
+    if fenced:
+        body = fenced.group(1).strip()
+    if not body.startswith("{"):
+        return ParsedOutput(text, [])
+    decoder = json.JSONDecoder()
+    calls: list[ToolCall] = []
+    pos = 0
+    while pos < len(body):
+        start = pos
+        try:
+            obj, pos = decoder.raw_decode(body, pos)
+            call = _call_from_object(obj)
+        except json.JSONDecodeError:
+            call = None
+        if call is None or call.name not in names:
+            if calls and body[start] == "{":  # more objects after the calls: not calls, content
+                return ParsedOutput(body[start:].strip(), calls)
+            return ParsedOutput(text, [])
+        calls.append(call)
+        while pos < len(body) and body[pos] in " \t\r\n,;":
             pos += 1
     return ParsedOutput("", calls)

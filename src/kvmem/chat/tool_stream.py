@@ -90,7 +90,7 @@ class ToolCallStream:
             at = buffer.find(marker)
             if at == -1:
                 continue
-            if marker == "{" and (self._emitted_text or buffer[:at].strip()):
+            if marker in ("{", "```") and (self._emitted_text or buffer[:at].strip()):
                 continue
             if first == -1 or at < first:
                 first = at

@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any
 
 from kvmem.chat.detokenize import IncrementalDetokenizer
+from kvmem.chat.logprobs import token_probs
 from kvmem.chat.prompt import PromptTokens
 from kvmem.chat.protocol import ChatEngine
 from kvmem.chat.reasoning import Channel, ReasoningMarkers, ReasoningSplitter
@@ -49,12 +50,24 @@ class TurnRequest:
     budget_message: str = ""
     cancel: threading.Event | None = None
     ignore_eos: bool = False  # end-of-generation tokens are banned (llama-server's ignore_eos)
+    banned_tokens: tuple[int, ...] = ()  # logit_bias bans
+    top_logprobs: int | None = None  # emit TokenLogprobs per token with this many alternatives
 
 
 @dataclass(slots=True)
 class TextDelta:
     channel: Channel
     text: str
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """One generated token's log-probability and the top alternatives (chat `logprobs`)."""
+
+    token: int
+    piece: bytes
+    logprob: float
+    top: tuple[tuple[int, bytes, float], ...]
 
 
 @dataclass(slots=True)
@@ -84,7 +97,7 @@ class TurnDone:
     usage: TurnUsage
 
 
-TurnEvent = TextDelta | ToolCallEvent | TurnDone
+TurnEvent = TextDelta | ToolCallEvent | TokenLogprobs | TurnDone
 
 
 class _Output:
@@ -163,6 +176,7 @@ def run_turn(engine: ChatEngine, req: TurnRequest) -> Iterator[TurnEvent]:
             break
         grammar = None if (req.grammar and splitter.in_reasoning) else req.grammar
         ended: _SegmentEnd | None = None
+        logits: list[Any] | None = [] if req.top_logprobs is not None else None
         gen = engine.generate(
             history,
             query=req.prompt.spans or req.prompt.query,
@@ -171,9 +185,13 @@ def run_turn(engine: ChatEngine, req: TurnRequest) -> Iterator[TurnEvent]:
             grammar=grammar,
             cancel=req.cancel,
             ignore_eos=req.ignore_eos,
+            banned_tokens=req.banned_tokens,
+            logits_out=logits,
         )
         try:
             for token in gen:
+                if logits:
+                    yield _logprobs(engine, logits[-1], token, req.top_logprobs or 0)
                 history.append(token)
                 usage.completion_tokens += 1
                 if splitter.in_reasoning:
@@ -210,3 +228,13 @@ def run_turn(engine: ChatEngine, req: TurnRequest) -> Iterator[TurnEvent]:
     if out.n_calls and finish in (ChatFinish.STOP, ChatFinish.LENGTH):
         finish = ChatFinish.TOOL_CALLS
     yield TurnDone(finish, usage)
+
+
+def _logprobs(engine: ChatEngine, logits: Any, token: int, n: int) -> TokenLogprobs:
+    chosen, top = token_probs(logits, token, n, None)
+    return TokenLogprobs(
+        token,
+        engine.token_bytes(token),
+        chosen.logprob,
+        tuple((p.id, engine.token_bytes(p.id), p.logprob) for p in top),
+    )

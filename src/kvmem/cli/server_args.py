@@ -15,8 +15,9 @@ from typing import Any
 
 from kvmem import __version__
 from kvmem.cli import arg_types as t
+from kvmem.cli.compat_flags import add_compat_arguments, host_list, parallel_slots, reasoning_format
 from kvmem.cli.env_args import MISSING, EnvBinding, check_env_names, read_env_value, supported_names
-from kvmem.cli.kvmem_flags import add_kv_cache_arguments, add_kvmem_arguments, strict_int
+from kvmem.cli.kvmem_flags import add_kv_cache_arguments, add_kvmem_arguments
 from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import parse_kv_type
 from kvmem.server import limits as lim
@@ -62,11 +63,20 @@ SERVER_FLAGS: tuple[FlagSpec, ...] = (
       t.FlashAttn.AUTO, "LLAMA_ARG_FLASH_ATTN", metavar="on|off|auto", shown_default="auto (= on)"),
     F(("-ngl", "--gpu-layers", "--n-gpu-layers"), "gpu_layers", "layers on the GPU: N, all or auto",
       t.gpu_layers, -1, "LLAMA_ARG_N_GPU_LAYERS", metavar="N", shown_default="all"),
-    F(("--host",), "host", "address to listen on", t.non_empty, "127.0.0.1", "LLAMA_ARG_HOST",
-      metavar="HOST"),
+    F(("--host",), "host", "address(es) to listen on, comma-separated", host_list, "127.0.0.1",
+      "LLAMA_ARG_HOST", metavar="HOST"),
     F(("--port",), "port", "port to listen on", t.port, 8080, "LLAMA_ARG_PORT", metavar="PORT"),
-    F(("-np", "--parallel"), "parallel", "server slots (only 1 is supported)", strict_int, 1,
-      "LLAMA_ARG_N_PARALLEL", metavar="N"),
+    F(("-np", "--parallel"), "parallel",
+      "server slots: requests beyond one queue on the single KVMem lane (a warning says so)",
+      parallel_slots, 1, "LLAMA_ARG_N_PARALLEL", metavar="N"),
+    F(("--slots",), "slots", "expose the /slots monitoring endpoint", None, True,
+      "LLAMA_ARG_ENDPOINT_SLOTS", negative=("--no-slots",)),
+    F(("--reasoning-format",), "reasoning_format",
+      "where thinking goes: none (in content) or auto/deepseek (reasoning_content)",
+      reasoning_format, "auto", "LLAMA_ARG_REASONING_FORMAT",
+      metavar="FORMAT"),
+    F(("-v", "--verbose", "--log-verbose"), "verbose", "log everything (same as -lv 5)", None,
+      False),
     F(("--queue-size",), "queue_size", "requests that may wait for the slot before 503",
       t.int_in_range(0, 4096), 16, metavar="N"),
     F(("-mm", "--mmproj"), "mmproj", "multimodal projector GGUF", t.non_empty, None,
@@ -232,6 +242,7 @@ def build_server_parser() -> ServerArgumentParser:
             )
     add_kv_cache_arguments(p)
     add_kvmem_arguments(p)
+    add_compat_arguments(p)
     return p
 
 

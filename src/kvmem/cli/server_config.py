@@ -46,11 +46,11 @@ def check_gguf_file(path: str, flag: str) -> None:
         raise ConfigError(flag, f"{path} is not a GGUF file")
 
 
-def _check_gpu_options(v: dict[str, Any]) -> None:
-    if v["parallel"] != 1:
-        raise ConfigError(
-            "--parallel",
-            f"kvmem-server has a single slot (one KVMem session): use --parallel 1, got {v['parallel']}",
+def _check_gpu_options(v: dict[str, Any], warnings: list[str]) -> None:
+    if v["parallel"] not in (1, -1):
+        warnings.append(
+            f"--parallel {v['parallel']}: kvmem-server has one KVMem lane; requests queue on it "
+            "(/props reports total_slots 1)"
         )
     devices = v["device"]
     assert isinstance(devices, tuple)
@@ -104,7 +104,7 @@ def _ui_dir(v: dict[str, Any]) -> str | None:
 
 def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> ServerSettings:
     v = parsed.values
-    _check_gpu_options(v)
+    _check_gpu_options(v, parsed.warnings)
     model = resolve_model_flag(v["model"], "--model")  # a catalog name -> its joined GGUF
     if model is not None:
         check_gguf_file(model, "--model")
@@ -178,7 +178,11 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         ui_dir=_ui_dir(v),
         metrics=bool(v["metrics"]),
         queue_size=int(v["queue_size"]),
-        verbosity=int(v["verbosity"]),
+        verbosity=5
+        if v["verbose"] and parsed.sources["verbosity"] == "default"
+        else int(v["verbosity"]),
+        slots_endpoint=bool(v["slots"]),
+        reasoning_format=str(v["reasoning_format"]),
         trace=flags.kvmem.trace,
         mmproj=v["mmproj"],
         mmproj_offload=bool(v["mmproj_offload"]),

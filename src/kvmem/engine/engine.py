@@ -209,8 +209,10 @@ class Engine:
         cancel: threading.Event | None = None,
         logits_out: list[np.ndarray] | None = None,
         ignore_eos: bool = False,
+        banned_tokens: Sequence[int] = (),
     ) -> Iterator[int]:
         sampling = sampling or SamplingParams()
+        banned = tuple(banned_tokens) + (self.eog_tokens() if ignore_eos else ())
         if sampling.seed < 0 and self.settings.seed >= 0:
             sampling = _with_seed(sampling, self.settings.seed)
         if self.pool is not None:
@@ -224,7 +226,7 @@ class Engine:
                 grammar=grammar,
                 cancel=cancel,
                 logits_out=logits_out,
-                banned_tokens=self.eog_tokens() if ignore_eos else (),
+                banned_tokens=banned,
             )
         finally:
             self._account(self.session.last_turn)

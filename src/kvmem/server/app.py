@@ -20,11 +20,13 @@ from kvmem.chat.protocol import ChatEngine, ModelInfoLike
 from kvmem.chat.template import ChatTemplate
 from kvmem.server.auth import ApiKeyChecker
 from kvmem.server.body_guard import BodyGuard, cors_options
+from kvmem.server.completion_routes import completion_router
 from kvmem.server.error_map import install_error_handlers
 from kvmem.server.metrics import ServerMetrics
 from kvmem.server.routes import api_router, health_router
 from kvmem.server.settings import ServerSettings
 from kvmem.server.ui_files import ui_directory
+from kvmem.server.utility_routes import utility_router
 from kvmem.server.worker import EngineWorker
 
 logger = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ class ServerState:
     template: ChatTemplate | None = None
     info: ModelInfoLike | None = None
     window: Callable[[], dict[str, list[int]]] | None = None  # the last plan's blocks by tier
+    vocab: ChatEngine | None = None  # tokenize/detokenize only (thread-safe vocab reads)
 
 
 def default_engine_factory(settings: ServerSettings) -> ChatEngine:
@@ -59,6 +62,7 @@ def create_app(
 ) -> FastAPI:
     factory = engine_factory or default_engine_factory
     metrics = ServerMetrics()
+    metrics.n_batch = settings.engine.n_batch
     holder: dict[str, ServerState] = {}
 
     def load() -> ChatEngine:
@@ -71,6 +75,7 @@ def create_app(
         holder["state"].template = template
         holder["state"].info = engine.info
         holder["state"].window = getattr(engine, "window_tiers", None)
+        holder["state"].vocab = engine
         logger.info(
             "model %s loaded: n_ctx=%d, chat template from %s, tool format %s",
             engine.info.name,
@@ -115,6 +120,8 @@ def create_app(
     install_error_handlers(app)
     app.include_router(health_router)
     app.include_router(api_router)
+    app.include_router(completion_router)
+    app.include_router(utility_router)
     ui = ui_directory(settings)
     if ui is not None:
         app.mount("/", StaticFiles(directory=str(ui), html=True), name="ui")

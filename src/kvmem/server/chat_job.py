@@ -13,8 +13,10 @@ from typing import Any
 
 from kvmem.chat.json_grammar import json_object_grammar, json_schema_grammar
 from kvmem.chat.messages import normalize_messages
+from kvmem.chat.prefill import plan_prefill
 from kvmem.chat.prompt import PromptTokens, RenderedPrompt, render_prompt
 from kvmem.chat.reasoning import ReasoningMarkers
+from kvmem.chat.schema_check import check_grammar_text
 from kvmem.chat.template import ChatTemplate
 from kvmem.chat.thinking import resolve_thinking
 from kvmem.chat.tool_calls import ToolFormat
@@ -40,6 +42,8 @@ class ChatJob:
     reasoning_budget: int = -1
     budget_message: str = ""
     ignore_eos: bool = False
+    banned_tokens: tuple[int, ...] = ()
+    top_logprobs: int | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def turn_request(self, prompt: PromptTokens) -> TurnRequest:
@@ -56,6 +60,8 @@ class ChatJob:
             budget_message=self.budget_message,
             cancel=self.cancel,
             ignore_eos=self.ignore_eos,
+            banned_tokens=self.banned_tokens,
+            top_logprobs=self.top_logprobs,
         )
 
 
@@ -97,6 +103,11 @@ def _grammar(
         return tool_call_grammar(template.tool_format, tools, parallel=parallel)
     if tools and isinstance(choice, NamedToolChoice):
         return tool_call_grammar(template.tool_format, tools, only=choice.function.name)
+    if request.grammar is not None:
+        check_grammar_text(request.grammar)
+        return request.grammar
+    if request.json_schema is not None:
+        return json_schema_grammar(request.json_schema)
     fmt = request.response_format
     if fmt is None or fmt.type == "text":
         return None
@@ -121,9 +132,22 @@ def prepare_chat_job(
         reasoning_budget_tokens=request.reasoning_budget_tokens,
     )
     tools = request.tool_dicts if request.tool_choice != "none" else []
-    rendered = render_prompt(
-        template, messages, tools=tools or None, template_kwargs=plan.template_kwargs
+    prefill = plan_prefill(
+        request.messages,
+        messages,
+        add_generation_prompt=request.add_generation_prompt,
+        continue_final_message=request.continue_final_message,
     )
+    rendered = render_prompt(
+        template,
+        prefill.messages,
+        tools=tools or None,
+        template_kwargs=plan.template_kwargs,
+        add_generation_prompt=prefill.add_generation_prompt,
+        prefill=prefill.text,
+    )
+    if settings.reasoning_format == "none":  # thinking stays in the content, tags included
+        rendered.opens_reasoning = False
     return ChatJob(
         rendered=rendered,
         sampling=sampling_for(request, settings.sampling),
@@ -133,8 +157,9 @@ def prepare_chat_job(
         grammar=_grammar(request, template, tools),
         tool_format=template.tool_format if tools else None,
         tools=tools,
-        reasoning=template.reasoning,
+        reasoning=None if settings.reasoning_format == "none" else template.reasoning,
         reasoning_budget=plan.budget,
         budget_message=settings.budget_message,
         ignore_eos=bool(request.ignore_eos),
+        top_logprobs=(request.top_logprobs or 0) if request.logprobs else None,
     )

@@ -40,7 +40,7 @@ class HttpError:
 _BY_TYPE: tuple[tuple[type[BaseException], HttpError], ...] = (
     (
         ContextLengthExceededError,
-        HttpError(400, "invalid_request_error", "context_length_exceeded"),
+        HttpError(400, "exceed_context_size_error", "context_length_exceeded"),
     ),
     (InvalidRequestError, HttpError(400, "invalid_request_error", "invalid_request")),
     (TemplateError, HttpError(400, "invalid_request_error", "template_error")),
@@ -71,9 +71,16 @@ def error_payload(exc: BaseException) -> tuple[HttpError, dict[str, Any]]:
     error = classify(exc)
     message = str(exc) if isinstance(exc, KVMemError) else "internal server error"
     param = getattr(exc, "param", None)
-    return error, {
-        "error": {"message": message, "type": error.type, "param": param, "code": error.code}
+    body: dict[str, Any] = {
+        "message": message,
+        "type": error.type,
+        "param": param,
+        "code": error.code,
     }
+    if isinstance(exc, ContextLengthExceededError):  # llama-server's fields besides OpenAI's code
+        body["n_prompt_tokens"] = exc.n_tokens
+        body["n_ctx"] = exc.n_ctx
+    return error, {"error": body}
 
 
 def error_response(exc: BaseException) -> JSONResponse:

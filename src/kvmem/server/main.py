@@ -93,13 +93,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_RUNTIME
     if settings.trace:
         emit_record("requested", requested_record(settings))
-    try:
-        sock = bind_socket(settings.host, settings.port)
-    except OSError as exc:
-        sys.stderr.write(
-            f"kvmem-server: error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}\n"
-        )
-        return EXIT_RUNTIME
+    sockets = []
+    for host in settings.hosts:
+        try:
+            sockets.append(bind_socket(host, settings.port))
+        except OSError as exc:
+            for sock in sockets:
+                sock.close()
+            sys.stderr.write(
+                f"kvmem-server: error: cannot listen on {host}:{settings.port}: {exc.strerror or exc}\n"
+            )
+            return EXIT_RUNTIME
 
     exit_code = [0]
     server_ref: list[_Server] = []
@@ -144,12 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = _Server(config, on_signal=lambda: app.state.kvmem.worker.cancel_all())
     server_ref.append(server)
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=sockets)
     finally:
         # A second signal makes uvicorn skip the lifespan shutdown: the engine thread must
         # still leave llama.cpp and close the engine before Python exits.
         app.state.kvmem.worker.stop()
-        sock.close()
+        for sock in sockets:
+            sock.close()
     return exit_code[0]
 
 

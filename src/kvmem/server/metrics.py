@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from kvmem.chat.turn import TurnUsage
+from kvmem.server.metrics_llamacpp import LlamaCppCounters, llamacpp_rows
 
 
 @dataclass(slots=True)
@@ -175,6 +176,8 @@ class ServerMetrics:
         self._engine: dict[str, Any] = {}
         self.processing = 0
         self.deferred = 0
+        self.n_batch = 2048  # -b, for llamacpp:n_decode_total
+        self._llamacpp = LlamaCppCounters()
 
     def record_turn(self, usage: TurnUsage) -> None:
         with self._lock:
@@ -187,6 +190,12 @@ class ServerMetrics:
             c.reasoning_tokens += usage.reasoning_tokens
             c.prefill_ms += usage.prefill_ms
             c.decode_ms += usage.decode_ms
+            self._llamacpp.record(
+                usage.prefill_tokens,
+                usage.completion_tokens,
+                usage.prompt_tokens + usage.completion_tokens,
+                self.n_batch,
+            )
 
     def record_failure(self) -> None:
         with self._lock:
@@ -269,19 +278,9 @@ class ServerMetrics:
             ),
             ("kvmem_prompt_seconds_total", "prompt processing time", "counter", c.prefill_ms / 1e3),
             ("kvmem_decode_seconds_total", "generation time", "counter", c.decode_ms / 1e3),
-            (
-                "llamacpp:prompt_tokens_total",
-                "llama-server compatible: prompt tokens processed",
-                "counter",
-                c.cache_miss_tokens,
-            ),
-            (
-                "llamacpp:tokens_predicted_total",
-                "llama-server compatible: tokens generated",
-                "counter",
-                c.generated_tokens,
-            ),
         ]
+        with self._lock:
+            rows += llamacpp_rows(c, self._llamacpp, self.processing, self.deferred)
         for name, help_text, stat, scale, kind in _ENGINE_METRICS:
             rows.append((name, help_text, kind, float(self.engine_value(stat)) * scale))
         lines = []

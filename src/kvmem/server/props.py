@@ -14,6 +14,7 @@ from kvmem.server.settings import ServerSettings
 from kvmem.server.ui_files import ui_props
 
 _STARTED = int(time.time())
+PROCESS_STARTED = _STARTED  # the Process-Start-Time-Unix header of /metrics
 
 
 def build_info() -> str:
@@ -22,6 +23,16 @@ def build_info() -> str:
     except importlib.metadata.PackageNotFoundError:
         llama = "unknown"
     return f"kvmem {__version__} (llama-cpp-python {llama})"
+
+
+def system_fingerprint() -> str:
+    """llama-server's `b<build>-<commit>` form: the vendored llama-cpp-python release as the
+    build and KVMem's version as the commit."""
+    try:
+        llama = importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        llama = "0"
+    return f"b{llama}-kvmem{__version__}"
 
 
 def served_model_id(settings: ServerSettings, info: ModelInfoLike) -> str:
@@ -90,7 +101,7 @@ def props_body(
     thinking = settings.thinking
     return {
         "default_generation_settings": {"id": 0, "n_ctx": info.n_ctx, "params": params},
-        "total_slots": 1,
+        "total_slots": 1,  # one KVMem lane, whatever --parallel asked for
         "model_alias": served_model_id(settings, info),
         "model_path": info.path,
         "n_ctx": info.n_ctx,

@@ -16,7 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvmem.chat.reasoning import Channel
-from kvmem.chat.turn import ChatFinish, TextDelta, ToolCallEvent, TurnDone, TurnEvent, TurnUsage
+from kvmem.chat.turn import (
+    ChatFinish,
+    TextDelta,
+    TokenLogprobs,
+    ToolCallEvent,
+    TurnDone,
+    TurnEvent,
+    TurnUsage,
+)
+from kvmem.server.props import system_fingerprint
 
 
 def finish_name(finish: ChatFinish) -> str:
@@ -36,19 +45,38 @@ def usage_body(usage: TurnUsage) -> dict[str, Any]:
 
 
 def timings_body(usage: TurnUsage) -> dict[str, Any]:
-    """llama-server's `timings` (the chat page shows the decode speed from it)."""
+    """llama-server's `timings`. The first generated token comes from the prompt's logits,
+    so the generation rate is over the n - 1 decode steps (as llama-server counts it)."""
     prompt_n = usage.prompt_tokens - usage.cached_tokens
+    predicted_n = usage.completion_tokens
+    steps = max(0, predicted_n - 1)
+    prompt_ms, predicted_ms = round(usage.prefill_ms, 3), round(usage.decode_ms, 3)
     return {
         "cache_n": usage.cached_tokens,
         "prompt_n": prompt_n,
-        "prompt_ms": round(usage.prefill_ms, 3),
-        "prompt_per_second": prompt_n / (usage.prefill_ms / 1e3) if usage.prefill_ms > 0 else 0.0,
-        "predicted_n": usage.completion_tokens,
-        "predicted_ms": round(usage.decode_ms, 3),
-        "predicted_per_second": (
-            usage.completion_tokens / (usage.decode_ms / 1e3) if usage.decode_ms > 0 else 0.0
-        ),
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n > 0 else 0.0,
+        "prompt_per_second": prompt_n / (prompt_ms / 1e3) if prompt_ms > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / steps if steps and predicted_ms > 0 else 0.0,
+        "predicted_per_second": steps / (predicted_ms / 1e3) if steps and predicted_ms > 0 else 0.0,
     }
+
+
+def _lp(piece: bytes, logprob: float) -> dict[str, Any]:
+    return {
+        "token": piece.decode("utf-8", "replace"),
+        "logprob": logprob if logprob > float("-inf") else -9999.0,
+        "bytes": list(piece),
+    }
+
+
+def logprob_entry(event: TokenLogprobs) -> dict[str, Any]:
+    """One token of OpenAI's `choices[].logprobs.content`."""
+    entry = _lp(event.piece, event.logprob)
+    entry["top_logprobs"] = [_lp(piece, lp) for _, piece, lp in event.top]
+    return entry
 
 
 def tool_call_body(event: ToolCallEvent) -> dict[str, Any]:
@@ -70,11 +98,14 @@ class CompletionAccumulator:
     content: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] | None = None
     done: TurnDone | None = None
     block_tokens: int = 0  # KVMem block size: the `kvmem` object's retrieved_tokens
 
     def add(self, event: TurnEvent) -> None:
-        if isinstance(event, TextDelta):
+        if isinstance(event, TokenLogprobs):
+            self.logprobs = (self.logprobs or []) + [logprob_entry(event)]
+        elif isinstance(event, TextDelta):
             (self.reasoning if event.channel is Channel.REASONING else self.content).append(
                 event.text
             )
@@ -97,12 +128,12 @@ class CompletionAccumulator:
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
-            "system_fingerprint": "kvmem",
+            "system_fingerprint": system_fingerprint(),
             "choices": [
                 {
                     "index": 0,
                     "message": message,
-                    "logprobs": None,
+                    "logprobs": None if self.logprobs is None else {"content": self.logprobs},
                     "finish_reason": finish_name(self.done.finish_reason),
                 }
             ],
@@ -121,27 +152,37 @@ class ChunkWriter:
     block_tokens: int = 0  # KVMem block size: the `kvmem` object's retrieved_tokens
     id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
+    pending_logprobs: list[dict[str, Any]] = field(default_factory=list)
 
-    def _chunk(self, delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> str:
+    def _chunk(
+        self,
+        delta: dict[str, Any] | None,
+        finish: str | None = None,
+        logprobs: dict[str, Any] | None = None,
+        **extra: Any,
+    ) -> str:
         body: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "system_fingerprint": "kvmem",
+            "system_fingerprint": system_fingerprint(),
             "choices": []
             if delta is None
-            else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            else [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         }
         body.update(extra)
         return sse_data(body)
 
     def role(self) -> str:
-        return self._chunk({"role": "assistant", "content": ""})
+        return self._chunk({"role": "assistant", "content": None})
 
     def event(self, event: TurnEvent) -> list[str]:
+        if isinstance(event, TokenLogprobs):  # sent with the next text delta
+            self.pending_logprobs.append(logprob_entry(event))
+            return []
         if isinstance(event, TextDelta):
-            return [self._chunk({event.channel.value: event.text})]
+            return [self._chunk({event.channel.value: event.text}, logprobs=self._logprobs())]
         if isinstance(event, ToolCallEvent):
             call = tool_call_body(event)
             head = {
@@ -152,17 +193,38 @@ class ChunkWriter:
             }
             args = {"index": event.index, "function": {"arguments": call["function"]["arguments"]}}
             return [self._chunk({"tool_calls": [head]}), self._chunk({"tool_calls": [args]})]
+        timings = timings_body(event.usage)
         out = [
             self._chunk(
                 {},
                 finish_name(event.finish_reason),
-                timings=timings_body(event.usage),
+                logprobs=self._logprobs(),
+                timings=timings,
                 kvmem=event.usage.memory.body(self.block_tokens),
             )
         ]
         if self.include_usage:
-            out.append(self._chunk(None, usage=usage_body(event.usage)))
+            out.append(self._chunk(None, usage=usage_body(event.usage), timings=timings))
         return out
+
+    def _logprobs(self) -> dict[str, Any] | None:
+        if not self.pending_logprobs:
+            return None
+        entries, self.pending_logprobs = self.pending_logprobs, []
+        return {"content": entries}
+
+
+def merge_choices(bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """n > 1: one response whose choices are the runs' in order, usage summed."""
+    if len(bodies) == 1:
+        return bodies[0]
+    out = dict(bodies[0])
+    out["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
+    usage = dict(out["usage"])
+    for key in ("completion_tokens", "total_tokens"):
+        usage[key] = sum(b["usage"][key] for b in bodies)
+    out["usage"] = usage
+    return out
 
 
 def sse_data(body: dict[str, Any]) -> str:

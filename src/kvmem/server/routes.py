@@ -12,15 +12,22 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.requests import ClientDisconnect
 
 from kvmem.chat.turn import TurnDone
-from kvmem.errors import EngineNotReadyError, ServerShuttingDownError
+from kvmem.errors import EngineNotReadyError, InvalidRequestError, ServerShuttingDownError
 from kvmem.server.auth import require_api_key
-from kvmem.server.channel import EventChannel, JobFailed
+from kvmem.server.channel import EventChannel, JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob, prepare_chat_job
 from kvmem.server.error_map import envelope, error_payload, failed_response
 from kvmem.server.json_body import parse_json_body
+from kvmem.server.logit_bias import banned_tokens
 from kvmem.server.prompt_limits import check_prompt_size, message_chars
-from kvmem.server.props import models_body, props_body, served_model_id
-from kvmem.server.responses import SSE_DONE, ChunkWriter, CompletionAccumulator, sse_data
+from kvmem.server.props import PROCESS_STARTED, models_body, props_body, served_model_id
+from kvmem.server.responses import (
+    SSE_DONE,
+    ChunkWriter,
+    CompletionAccumulator,
+    merge_choices,
+    sse_data,
+)
 from kvmem.server.schemas import parse_chat_request
 from kvmem.server.worker import WorkerState
 
@@ -90,7 +97,10 @@ async def metrics(request: Request) -> Response:
             "this server has no metrics endpoint: start it with --metrics",
             "not_supported_error",
         )
-    return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+    response = PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+    # llama-server's header, in its exact case (clients look it up case-sensitively)
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(PROCESS_STARTED).encode()))
+    return response
 
 
 async def _next_event(
@@ -119,36 +129,55 @@ async def chat_completions(request: Request) -> Response:
     state = _ready_state(request)
     assert state.template is not None and state.info is not None
     check_prompt_size(message_chars(chat.messages), state.info)
-    channel = EventChannel(asyncio.get_running_loop())
-    job = prepare_chat_job(chat, state.settings, state.template, channel)
-    check_prompt_size(len(job.rendered.text), state.info)
-    state.worker.submit(job)
-    first = await _next_event(request, channel, job, state)
-    if first is None:
-        return Response(status_code=499)
-    if isinstance(first, JobFailed):
-        return failed_response(first.error)
-    assert state.info is not None
+    n = chat.n or 1
+    if n > 1 and chat.stream:
+        raise InvalidRequestError("n > 1 is not supported with stream=true", "n")
+    loop = asyncio.get_running_loop()
+    jobs = []
+    for _ in range(n):  # n choices run one after another on the one KVMem lane
+        job = prepare_chat_job(chat, state.settings, state.template, EventChannel(loop))
+        if chat.logit_bias is not None and state.vocab is not None:
+            job.banned_tokens = banned_tokens(state.vocab, chat.logit_bias)
+        jobs.append(job)
+    check_prompt_size(len(jobs[0].rendered.text), state.info)
     model = served_model_id(state.settings, state.info)
     block_tokens = state.settings.engine.kvmem.block_tokens
+    verbose = bool(chat.verbose) or state.settings.verbosity >= 5
     if chat.stream:
+        job = jobs[0]
+        state.worker.submit(job)
+        first = await _next_event(request, job.channel, job, state)
+        if first is None:
+            return Response(status_code=499)
+        if isinstance(first, JobFailed):
+            return failed_response(first.error)
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
         writer = ChunkWriter(model=model, include_usage=include_usage, block_tokens=block_tokens)
         return StreamingResponse(
-            _stream(request, channel, job, writer, state),
+            _stream(request, job.channel, job, writer, state),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    acc = CompletionAccumulator(model=model, block_tokens=block_tokens)
-    while True:
-        event = await _next_event(request, channel, job, state)
-        if event is None:
-            return Response(status_code=499)
-        if isinstance(event, JobFailed):
-            return failed_response(event.error)
-        acc.add(event)
-        if isinstance(event, TurnDone):
-            return JSONResponse(acc.body())
+    bodies = []
+    for job in jobs:
+        state.worker.submit(job)
+        acc = CompletionAccumulator(model=model, block_tokens=block_tokens)
+        while True:
+            event = await _next_event(request, job.channel, job, state)
+            if event is None:
+                return Response(status_code=499)
+            if isinstance(event, JobFailed):
+                return failed_response(event.error)
+            if isinstance(event, JobStarted):
+                continue
+            acc.add(event)
+            if isinstance(event, TurnDone):
+                bodies.append(acc.body())
+                break
+    result = merge_choices(bodies)
+    if verbose:
+        result["__verbose"] = {"prompt": jobs[0].rendered.text}
+    return JSONResponse(result)
 
 
 async def _stream(

@@ -96,7 +96,14 @@ class ChatCompletionRequest(_Strict):
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_budget_tokens: int | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    logit_bias: Any = None  # bans only (kvmem.server.logit_bias)
+    grammar: str | None = None  # llama-server extension: a GBNF grammar
+    json_schema: dict[str, Any] | None = None  # llama-server extension
     user: str | None = None
+    add_generation_prompt: bool | None = None  # llama-server/vLLM extension
+    continue_final_message: bool | None = None  # vLLM: continue the final assistant message
+    verbose: bool | None = None  # llama-server: add `__verbose` with the rendered prompt
     ignore_eos: bool | None = None  # llama-server extension: never stop at end-of-generation
 
     @property
@@ -141,10 +148,20 @@ def _check_semantics(request: ChatCompletionRequest) -> None:
             raise InvalidRequestError(
                 f"'{name}' must be a positive integer (or -1 for no limit)", name
             )
-    if request.n not in (None, 1):
-        raise InvalidRequestError("only n=1 is supported (single slot)", "n")
-    if request.logprobs:
-        raise InvalidRequestError("logprobs are not supported", "logprobs")
+    if request.n is not None and not 1 <= request.n <= 8:
+        raise InvalidRequestError("'n' must be between 1 and 8", "n")
+    if request.top_logprobs is not None and not request.logprobs:
+        raise InvalidRequestError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    constraints = [
+        name
+        for name in ("grammar", "json_schema", "response_format")
+        if getattr(request, name) is not None
+        and not (name == "response_format" and request.response_format.type == "text")  # type: ignore[union-attr]
+    ]
+    if len(constraints) > 1:
+        raise InvalidRequestError(
+            f"give one of {', '.join(constraints)}, not several", constraints[0]
+        )
     if len(request.stop_list) > 16 or any(not s for s in request.stop_list):
         raise InvalidRequestError("'stop' must hold at most 16 non-empty strings", "stop")
     if request.reasoning_budget_tokens is not None and request.reasoning_budget_tokens < -1:

@@ -42,6 +42,8 @@ class ServerSettings:
     metrics: bool = False
     queue_size: int = DEFAULT_QUEUE_SIZE
     verbosity: int = 3
+    slots_endpoint: bool = True  # --slots / --no-slots
+    reasoning_format: str = "auto"  # --reasoning-format: none | auto | deepseek | deepseek-legacy
     trace: bool = False
     mmproj: str | None = None
     mmproj_offload: bool = True
@@ -52,6 +54,11 @@ class ServerSettings:
     tensor_split: tuple[float, ...] = ()
     sources: Mapping[str, Source] = field(default_factory=dict)
     limits: ServerLimits = field(default_factory=ServerLimits)  # body/timeouts/connections/CORS
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """--host split at commas: every address is bound on --port."""
+        return tuple(h.strip() for h in self.host.split(",") if h.strip())
 
     def with_model_path(self, path: str) -> ServerSettings:
         return replace(self, engine=replace(self.engine, model_path=path))

@@ -61,6 +61,7 @@ def configure_logging(verbosity: int) -> None:
 
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening socket on host:port; OSError when the address cannot be bound."""
+    host = host.strip("[]")  # an IPv6 literal may come bracketed
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:

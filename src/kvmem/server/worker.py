@@ -27,6 +27,7 @@ from kvmem.errors import (
 )
 from kvmem.server.channel import JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob
+from kvmem.server.completion_job import CompletionDone, CompletionJob
 from kvmem.server.error_map import classify
 from kvmem.server.metrics import ServerMetrics
 
@@ -54,10 +55,10 @@ class EngineWorker:
         self._metrics = metrics
         self._on_ready = on_ready
         self._on_failed = on_failed
-        self._pending: collections.deque[ChatJob] = collections.deque()
+        self._pending: collections.deque[ChatJob | CompletionJob] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
-        self._current: ChatJob | None = None
+        self._current: ChatJob | CompletionJob | None = None
         self.state = WorkerState.LOADING
         self.load_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="kvmem-engine", daemon=True)
@@ -70,7 +71,13 @@ class EngineWorker:
         with self._cond:
             return len(self._pending)
 
-    def submit(self, job: ChatJob) -> None:
+    @property
+    def busy(self) -> bool:
+        """A job is running (the /slots `is_processing`)."""
+        with self._cond:
+            return self._current is not None
+
+    def submit(self, job: ChatJob | CompletionJob) -> None:
         """Queue `job`; EngineNotReadyError while loading, QueueFullError past the bound."""
         with self._cond:
             if self._stopping:
@@ -159,7 +166,7 @@ class EngineWorker:
             self.state = WorkerState.STOPPED
             engine.close()
 
-    def _execute(self, engine: ChatEngine, job: ChatJob) -> None:
+    def _execute(self, engine: ChatEngine, job: ChatJob | CompletionJob) -> None:
         if job.cancel.is_set():
             error = (
                 ServerShuttingDownError("the server is shutting down")
@@ -170,7 +177,13 @@ class EngineWorker:
             return
         self._metrics.processing = 1
         try:
-            prompt = tokenize_prompt(engine, job.rendered)  # the only tokenization
+            if isinstance(job, CompletionJob):
+                for event in job.run(engine):
+                    if isinstance(event, CompletionDone):
+                        self._metrics.record_turn(event.usage)
+                    job.channel.put(event)
+                return
+            prompt = tokenize_prompt(engine, job.rendered)
             n_ctx = engine.info.n_ctx
             if len(prompt.tokens) >= n_ctx:
                 raise ContextLengthExceededError(len(prompt.tokens), n_ctx)

@@ -1,0 +1,133 @@
+"""Text completion (`/completion`, `/v1/completions`) as a job for the engine worker.
+
+The prompt is tokenized in the request handler (text with BOS as llama.cpp adds it, or
+token ids as given) and generated on the same KVMem session as chat, so the reuse of a
+matching prefix works across both APIs. Per token the job yields `CompletionToken` (the
+id, the text it completed after stop strings, and its probabilities with `n_probs`), and
+finally `CompletionDone`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from kvmem.chat.detokenize import IncrementalDetokenizer
+from kvmem.chat.logprobs import TokenProb, token_probs
+from kvmem.chat.protocol import ChatEngine
+from kvmem.chat.stop import StopMatcher
+from kvmem.chat.turn import TurnUsage
+from kvmem.engine import SamplingParams
+from kvmem.errors import ContextLengthExceededError
+from kvmem.server.channel import EventChannel, JobStarted
+
+
+class StopType(Enum):
+    NONE = "none"  # cancelled
+    EOS = "eos"
+    WORD = "word"
+    LIMIT = "limit"
+
+
+@dataclass(slots=True)
+class CompletionToken:
+    id: int
+    text: str
+    probs: tuple[TokenProb, tuple[TokenProb, ...]] | None = None  # (chosen, top n)
+
+
+@dataclass(slots=True)
+class CompletionDone:
+    stop_type: StopType
+    stopping_word: str
+    usage: TurnUsage
+    tokens: list[int]
+
+
+@dataclass(slots=True)
+class CompletionJob:
+    tokens: list[int]
+    sampling: SamplingParams
+    channel: EventChannel
+    max_tokens: int = -1
+    stop: tuple[str, ...] = ()
+    n_probs: int = 0
+    post_sampling: bool = False
+    ignore_eos: bool = False
+    banned_tokens: tuple[int, ...] = ()
+    grammar: str | None = None
+    reported_bans: tuple[int, ...] = ()  # generation_settings.logit_bias (with ignore_eos' EOG)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def run(self, engine: ChatEngine) -> Any:
+        """Generate; yields JobStarted, CompletionToken..., CompletionDone."""
+        n_ctx = engine.info.n_ctx
+        if len(self.tokens) >= n_ctx:
+            raise ContextLengthExceededError(len(self.tokens), n_ctx)
+        yield JobStarted(len(self.tokens))
+        detok = IncrementalDetokenizer(engine)
+        stopper = StopMatcher(self.stop)
+        logits: list[np.ndarray] | None = [] if self.n_probs > 0 else None
+        generated: list[int] = []
+        stop_type = StopType.EOS
+        stopping_word = ""
+        gen = engine.generate(
+            self.tokens,
+            query=None,
+            sampling=self.sampling,
+            max_tokens=self.max_tokens,
+            grammar=self.grammar,
+            cancel=self.cancel,
+            logits_out=logits,
+            ignore_eos=self.ignore_eos,
+            banned_tokens=self.banned_tokens,
+        )
+        try:
+            for token in gen:
+                generated.append(token)
+                result = stopper.push(detok.push(token))
+                probs = None
+                if logits is not None and logits:
+                    probs = token_probs(
+                        logits[-1],
+                        token,
+                        self.n_probs,
+                        self.sampling if self.post_sampling else None,
+                    )
+                yield CompletionToken(token, result.text, probs)
+                if result.stopped:
+                    stop_type = StopType.WORD
+                    stopping_word = _which_stop(self.stop, detok, engine, generated)
+                    break
+        finally:
+            gen.close()
+        stats = engine.last_turn
+        if stop_type is not StopType.WORD:
+            tail = stopper.push(detok.flush())
+            text = tail.text + stopper.flush()
+            if text:
+                yield CompletionToken(-1, text)
+            if stats.finish_reason == "length":
+                stop_type = StopType.LIMIT
+            elif stats.finish_reason == "cancelled":
+                stop_type = StopType.NONE
+        usage = TurnUsage(
+            prompt_tokens=len(self.tokens),
+            cached_tokens=stats.cached_tokens,
+            completion_tokens=len(generated),
+            prefill_ms=stats.prefill_ms,
+            decode_ms=stats.decode_ms,
+        )
+        yield CompletionDone(stop_type, stopping_word, usage, generated)
+
+
+def _which_stop(
+    stops: tuple[str, ...], detok: IncrementalDetokenizer, engine: ChatEngine, tokens: list[int]
+) -> str:
+    text = engine.detokenize(tokens)
+    found = [(text.find(s), s) for s in stops if s and s in text]
+    return min(found)[1] if found else ""

@@ -1,0 +1,189 @@
+"""llama-server's utility endpoints: `/tokenize`, `/detokenize`, `/apply-template`,
+`/chat/completions/input_tokens` and `/slots` (state only; save/restore answers 501).
+
+Tokenization reads the model's vocabulary from the request thread, as llama-server does;
+it never waits for the generation slot.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from kvmem.chat.messages import normalize_messages
+from kvmem.chat.prefill import plan_prefill
+from kvmem.chat.prompt import RenderedPrompt, render_prompt, tokenize_prompt
+from kvmem.chat.thinking import resolve_thinking
+from kvmem.errors import InvalidRequestError
+from kvmem.server.auth import require_api_key
+from kvmem.server.completion_routes import tokenize_parts
+from kvmem.server.completion_schema import prompt_parts
+from kvmem.server.error_map import envelope
+from kvmem.server.json_body import parse_json_body
+from kvmem.server.routes import _ready_state
+from kvmem.server.schemas import parse_chat_request
+
+if TYPE_CHECKING:
+    from kvmem.server.app import ServerState
+
+utility_router = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    body = parse_json_body(await request.body())
+    if not isinstance(body, dict):
+        raise InvalidRequestError("the request body must be a JSON object")
+    return body
+
+
+def _state(request: Request) -> ServerState:
+    state = _ready_state(request)
+    assert state.vocab is not None and state.template is not None and state.info is not None
+    return state
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise InvalidRequestError(f"'{name}' must be a boolean", name)
+    return value
+
+
+@utility_router.post("/tokenize")
+async def tokenize(request: Request) -> JSONResponse:
+    body = await _body(request)
+    state = _state(request)
+    vocab = state.vocab
+    assert vocab is not None
+    add_special = _flag(body, "add_special", False)
+    parse_special = _flag(body, "parse_special", True)
+    with_pieces = _flag(body, "with_pieces", False)
+    if "content" not in body:
+        return JSONResponse({"tokens": []})
+    content = body["content"]
+    if isinstance(content, str) and not parse_special:
+        tokens = vocab.tokenize(content, add_special=add_special, parse_special=False)
+    else:
+        parts = prompt_parts(content)
+        if len(parts) != 1:
+            raise InvalidRequestError("'content' must be one prompt", "content")
+        tokens = tokenize_parts(vocab, parts[0]) if add_special else _plain(vocab, parts[0])
+    if not with_pieces:
+        return JSONResponse({"tokens": tokens})
+    out = []
+    for token in tokens:
+        data = vocab.token_bytes(token)
+        try:
+            piece: Any = data.decode("utf-8")
+        except UnicodeDecodeError:
+            piece = list(data)
+        out.append({"id": token, "piece": piece})
+    return JSONResponse({"tokens": out})
+
+
+def _plain(vocab: Any, parts: list[Any]) -> list[int]:
+    tokens: list[int] = []
+    for part in parts:
+        if isinstance(part, str):
+            tokens += vocab.tokenize(part, add_special=False, parse_special=True)
+        else:
+            tokens += part
+    return tokens
+
+
+@utility_router.post("/detokenize")
+async def detokenize(request: Request) -> JSONResponse:
+    body = await _body(request)
+    state = _state(request)
+    vocab = state.vocab
+    assert vocab is not None and state.info is not None
+    tokens = body.get("tokens", [])
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in tokens
+    ):
+        raise InvalidRequestError("'tokens' must be a list of token ids", "tokens")
+    bad = [t for t in tokens if not 0 <= t < state.info.n_vocab]
+    if bad:
+        raise InvalidRequestError(f"token id {bad[0]} is out of range", "tokens")
+    text = b"".join(vocab.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+    return JSONResponse({"content": text})
+
+
+def _render(state: ServerState, body: dict[str, Any], add_generation_prompt: bool | None) -> str:
+    chat = parse_chat_request(body)
+    assert state.template is not None
+    messages = normalize_messages(chat.messages, vision=False)
+    plan = resolve_thinking(
+        state.settings.thinking,
+        reasoning_effort=chat.reasoning_effort,
+        chat_template_kwargs=chat.chat_template_kwargs,
+        reasoning_budget_tokens=chat.reasoning_budget_tokens,
+    )
+    tools = chat.tool_dicts if chat.tool_choice != "none" else []
+    prefill = plan_prefill(
+        chat.messages,
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=chat.continue_final_message,
+    )
+    return render_prompt(
+        state.template,
+        prefill.messages,
+        tools=tools or None,
+        template_kwargs=plan.template_kwargs,
+        add_generation_prompt=prefill.add_generation_prompt,
+        prefill=prefill.text,
+    ).text
+
+
+@utility_router.post("/apply-template")
+async def apply_template(request: Request) -> JSONResponse:
+    body = await _body(request)
+    state = _state(request)
+    return JSONResponse({"prompt": _render(state, body, body.get("add_generation_prompt"))})
+
+
+@utility_router.post("/chat/completions/input_tokens")
+@utility_router.post("/v1/chat/completions/input_tokens")
+async def chat_input_tokens(request: Request) -> JSONResponse:
+    body = await _body(request)
+    state = _state(request)
+    text = _render(state, body, body.get("add_generation_prompt"))
+    assert state.vocab is not None
+    prompt = tokenize_prompt(state.vocab, RenderedPrompt(text, None, False))
+    return JSONResponse({"input_tokens": len(prompt.tokens)})
+
+
+@utility_router.get("/slots")
+async def slots(request: Request) -> JSONResponse:
+    state = _state(request)
+    if not state.settings.slots_endpoint:
+        return envelope(
+            501,
+            "This server does not support slots endpoint. Start it with `--slots`",
+            "not_supported_error",
+        )
+    assert state.info is not None
+    busy = state.worker.busy
+    slot = {
+        "id": 0,
+        "id_task": -1,
+        "n_ctx": state.info.n_ctx,
+        "speculative": False,
+        "is_processing": busy,
+        "kvmem": True,
+    }
+    return JSONResponse([slot])
+
+
+@utility_router.post("/slots/{id_slot}")
+async def slot_action(request: Request, id_slot: str) -> JSONResponse:
+    _state(request)
+    return envelope(
+        501,
+        "saving and restoring slots is not supported: the KVMem session lives in memory "
+        "(--slot-save-path is rejected)",
+        "not_supported_error",
+    )

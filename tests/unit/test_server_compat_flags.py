@@ -1,0 +1,159 @@
+"""llama-server launch-line parity: no-op switches, flags with meanings, rejected flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvmem.chat.builtin_templates import BUILTIN_TEMPLATES
+from kvmem.chat.template import ChatTemplate
+from kvmem.cli.compat_flags import NOOP_SWITCHES, REJECTED_FLAGS
+from kvmem.cli.server_config import load_server_settings
+from kvmem.errors import ConfigError
+
+# What the llama.cpp server test suite passes on every launch (utils.py).
+STOCK_LINE = [
+    "--port", "8080", "--temp", "0.8", "--seed", "42", "--host", "127.0.0.1",
+    "--batch-size", "32", "--no-slots", "--alias", "tinyllama-2", "--ctx-size", "512",
+    "--parallel", "2", "--n-predict", "64", "--no-jinja",
+]  # fmt: skip
+
+
+def load(*argv: str) -> tuple[object, list[str]]:
+    return load_server_settings(list(argv), {})
+
+
+def test_stock_llama_server_line_starts_with_one_parallel_warning() -> None:
+    settings, warnings = load(*STOCK_LINE)
+    assert settings.slots_endpoint is False
+    assert settings.engine.n_ctx == 512 and settings.n_predict == 64
+    parallel = [w for w in warnings if w.startswith("--parallel")]
+    assert parallel == [
+        "--parallel 2: kvmem-server has one KVMem lane; requests queue on it "
+        "(/props reports total_slots 1)"
+    ]
+    assert load("--parallel", "1")[1] == []
+
+
+@pytest.mark.parametrize("flag", [f for spec in NOOP_SWITCHES for f in spec.flags])
+def test_noop_switches_are_accepted(flag: str) -> None:
+    settings, warnings = load(flag)
+    assert warnings == []
+    assert settings.engine.n_ctx == 0  # nothing else changed
+
+
+@pytest.mark.parametrize("spec", REJECTED_FLAGS, ids=lambda s: s.flags[-1])
+def test_rejected_flags_say_why(spec) -> None:
+    for flag in spec.flags:
+        argv = [flag, "x"] if spec.takes_value else [flag]
+        with pytest.raises(ConfigError) as info:
+            load(*argv)
+        assert str(info.value) == f"{flag}: {spec.reason}"
+
+
+def test_slots_verbose_and_reasoning_format() -> None:
+    assert load()[0].slots_endpoint is True
+    assert load("--slots")[0].slots_endpoint is True
+    assert load("--no-slots")[0].slots_endpoint is False
+    assert load("-v")[0].verbosity == 5
+    assert load("--verbose", "-lv", "2")[0].verbosity == 2
+    assert load()[0].reasoning_format == "auto"
+    assert load("--reasoning-format", "none")[0].reasoning_format == "none"
+    with pytest.raises(ConfigError, match="invalid reasoning format 'think'"):
+        load("--reasoning-format", "think")
+
+
+def test_comma_separated_host() -> None:
+    settings = load("--host", "127.0.0.1, ::1")[0]
+    assert settings.host == "127.0.0.1,::1"
+    assert settings.hosts == ("127.0.0.1", "::1")
+    with pytest.raises(ConfigError, match="an address is empty"):
+        load("--host", "127.0.0.1,")
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (
+            "chatml",
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n"
+            "<|im_start|>assistant\n",
+        ),
+        (
+            "llama3",
+            "<s><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        ),
+        ("llama2", "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST]"),
+        ("mistral-v7", "<s>[SYSTEM_PROMPT]S[/SYSTEM_PROMPT][INST]U[/INST]"),
+        ("gemma", "<s><start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\n"),
+        ("phi3", "<|system|>\nS<|end|>\n<|user|>\nU<|end|>\n<|assistant|>\n"),
+        (
+            "command-r",
+            "<s><|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>S<|END_OF_TURN_TOKEN|>"
+            "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>U<|END_OF_TURN_TOKEN|>"
+            "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+        ),
+        ("deepseek", "<s>S\n\nUser: U\n\nAssistant:"),
+        ("deepseek3", "<s>S<｜User｜>U<｜Assistant｜>"),
+    ],
+)
+def test_builtin_template_names(name: str, expected: str) -> None:
+    assert name in BUILTIN_TEMPLATES
+    settings = load("--chat-template", name)[0]
+    template = ChatTemplate(settings.chat_template, bos_token="<s>", eos_token="</s>")
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    assert template.render(messages, add_generation_prompt=True) == expected
+
+
+def test_unknown_template_name_lists_the_builtins() -> None:
+    with pytest.raises(ConfigError) as info:
+        load("--chat-template", "vicuna-orca")
+    assert "chatml, command-r, deepseek, deepseek3, gemma, llama2, llama3, mistral-v7, phi3" in str(
+        info.value
+    )
+
+
+def test_reasoning_format_none_keeps_thinking_in_content() -> None:
+    import asyncio
+
+    from kvmem.server.channel import EventChannel
+    from kvmem.server.chat_job import prepare_chat_job
+    from kvmem.server.schemas import parse_chat_request
+
+    source = (
+        "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] }}"
+        "{%- endfor %}{{ '<|im_start|>assistant\\n<think>\\n' }}"
+    )
+    template = ChatTemplate(source)
+    request = parse_chat_request({"messages": [{"role": "user", "content": "hi"}]})
+    channel = EventChannel(asyncio.new_event_loop())
+    auto = prepare_chat_job(request, load()[0], template, channel)
+    assert auto.reasoning is not None and auto.rendered.opens_reasoning
+    none = prepare_chat_job(request, load("--reasoning-format", "none")[0], template, channel)
+    assert none.reasoning is None and not none.rendered.opens_reasoning
+    with pytest.raises(ConfigError, match="'deepseek-legacy'.*is not supported"):
+        load("--reasoning-format", "deepseek-legacy")
+
+
+def test_thinking_off_closes_a_block_the_template_always_opens() -> None:
+    from kvmem.chat.prompt import render_prompt
+
+    source = "{{ messages[0]['content'] }}<｜Assistant｜>{{ '<think>\\n' }}"
+    template = ChatTemplate(source)
+    messages = [{"role": "user", "content": "hi"}]
+    on = render_prompt(template, messages, template_kwargs={"enable_thinking": True})
+    assert on.text.endswith("<think>\n") and on.opens_reasoning
+    off = render_prompt(template, messages, template_kwargs={"enable_thinking": False})
+    assert off.text == "hi<｜Assistant｜><think>\n</think>" and not off.opens_reasoning
+
+
+def test_reasoning_auto_turns_thinking_on_where_the_template_offers_it() -> None:
+    from kvmem.chat.prompt import render_prompt
+
+    source = "{{ '<think>\\n' }}{% if not enable_thinking %}{{ '</think>' }}{% endif %}"
+    template = ChatTemplate(source)
+    messages = [{"role": "user", "content": "hi"}]
+    assert render_prompt(template, messages).text == "<think>\n"
+    off = render_prompt(template, messages, template_kwargs={"enable_thinking": False})
+    assert off.text == "<think>\n</think>"
