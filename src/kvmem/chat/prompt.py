@@ -105,14 +105,17 @@ def render_prompt(
         query_chars=_query_chars(template, messages, text, tools, kwargs),
         opens_reasoning=opens,
         control_end=_control_end(template, messages, text, tools, kwargs),
-        live_start=_content_start(text, messages[-1]),
+        live_start=len(text) - len(prefill) if prefill else _content_start(text, messages),
         has_trajectory=index is not None and index < len(messages) - 1,
         markup=markup_spans(text, pattern, (messages, tools, kwargs), render_neutral),
     )
 
 
-def _content_start(text: str, message: dict[str, Any]) -> int | None:
-    content = message.get("content")
+def _content_start(text: str, messages: list[dict[str, Any]]) -> int | None:
+    """Where the last message's text starts in `text` (None: no messages or no text)."""
+    if not messages:
+        return None
+    content = messages[-1].get("content")
     if not isinstance(content, str) or not content:
         return None
     start = text.rfind(content)

@@ -111,7 +111,9 @@ async def detokenize(request: Request) -> JSONResponse:
     return JSONResponse({"content": text})
 
 
-def _render(state: ServerState, body: dict[str, Any], add_generation_prompt: bool | None) -> str:
+def _rendered(
+    state: ServerState, body: dict[str, Any], add_generation_prompt: bool | None
+) -> RenderedPrompt:
     chat = parse_chat_request(body)
     assert state.template is not None
     messages = normalize_messages(chat.messages, vision=False)
@@ -135,7 +137,11 @@ def _render(state: ServerState, body: dict[str, Any], add_generation_prompt: boo
         template_kwargs=plan.template_kwargs,
         add_generation_prompt=prefill.add_generation_prompt,
         prefill=prefill.text,
-    ).text
+    )
+
+
+def _render(state: ServerState, body: dict[str, Any], add_generation_prompt: bool | None) -> str:
+    return _rendered(state, body, add_generation_prompt).text
 
 
 @utility_router.post("/apply-template")
@@ -150,9 +156,9 @@ async def apply_template(request: Request) -> JSONResponse:
 async def chat_input_tokens(request: Request) -> JSONResponse:
     body = await _body(request)
     state = _state(request)
-    text = _render(state, body, body.get("add_generation_prompt"))
+    rendered = _rendered(state, body, body.get("add_generation_prompt"))
     assert state.vocab is not None
-    prompt = tokenize_prompt(state.vocab, RenderedPrompt(text, None, False))
+    prompt = tokenize_prompt(state.vocab, rendered)  # the template's markup is special
     return JSONResponse({"input_tokens": len(prompt.tokens)})
 
 
