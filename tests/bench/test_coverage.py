@@ -11,7 +11,7 @@ from gguf.quants import dequantize, quantize
 from kvmem.bench.coverage import layer_coverage, window_blocks, window_coverage
 from kvmem.memory.ggml_types import GgmlType
 from kvmem.memory.host_store import BlockKV, HostStore
-from kvmem.memory.planner import WindowPlan
+from kvmem.memory.planner import Tier, WindowPlan
 from kvmem.memory.retrieval_index import KeyGeometry
 from kvmem.memory.rope import RopeParams, RopeType, hadamard_matrix
 from kvmem.memory.scorer import QueryVectors
@@ -22,9 +22,8 @@ BT = 4  # tokens per block
 def plan(selected: tuple[int, ...]) -> WindowPlan:
     return WindowPlan(
         selected=selected,
-        sink=selected[:1],
-        recent=selected[-1:],
-        retrieved=(),
+        tiers={Tier.SINK: selected[:1], Tier.RECENT: selected[-1:]},
+        unpinned={},
         keep=selected,
         stage_in=(),
         stage_out=(),
