@@ -77,5 +77,7 @@ def test_tool_loop_keeps_control_text_on_the_gpu(agent_server: LiveServer) -> No
     last = dict(re.findall(r"(\w+)=(\S+)", records[-1]))
     assert last["sink"] == "0" and last["control"] == ",".join(map(str, window["control"]))
     assert last["trajectory"] == ",".join(map(str, window["trajectory"]))
-    assert int(last["stage_in"]) >= 0 and last["retrieved"] != "-"
+    # 8 blocks of budget: sink, control (512 tokens), recent and trajectory leave no slot
+    # for retrieval, so the trajectory keeps its newest blocks and the rest is named
+    assert "KVMEM_TIER_DROP tier=trajectory" in log
     assert "KVMEM_TIER_DROP tier=control" not in log

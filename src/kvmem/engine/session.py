@@ -73,13 +73,18 @@ class KVMemSession:
         self._cancel: threading.Event | None = None
 
     def _chunk_size(self, capacity: int) -> int:
-        """Prefill chunk: a multiple of the block size that leaves room for the window."""
+        """Prefill chunk: a multiple (or, for a small batch, a divisor) of the block size
+        that leaves room for the window and fits the batch."""
         if not self.config.enabled:
             return max(1, min(self.ctx.n_batch, capacity))
         bt = self.config.block_tokens
         protected = (self.config.sink_blocks + self.config.recent_blocks + 1) * bt
-        size = min(self.ctx.n_batch, capacity - protected)
-        return max(bt, size - size % bt)
+        limit = max(1, min(self.ctx.n_batch, capacity - protected))
+        if limit >= bt:
+            return limit - limit % bt
+        # a batch smaller than a block: the largest divisor of the block size that fits,
+        # so that every block boundary is still a chunk boundary
+        return max(d for d in range(1, limit + 1) if bt % d == 0)
 
     @property
     def capacity(self) -> int:

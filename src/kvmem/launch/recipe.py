@@ -168,8 +168,12 @@ def _embedded_model_path() -> str:
 
 
 def server_supports(flag: str) -> bool:
+    """Whether kvmem-server accepts `flag` with its meaning (not merely rejects it)."""
+    from kvmem.cli.compat_flags import REJECTED_FLAGS
     from kvmem.cli.server_args import build_server_parser
 
+    if any(flag in spec.flags for spec in REJECTED_FLAGS):
+        return False
     return flag in build_server_parser()._option_string_actions
 
 
