@@ -149,7 +149,8 @@ class KVMemSession:
                     break
                 self._decode([token], stats, gen_start=gen_start)
         except TurnCancelledError:
-            finish = FinishReason.CANCELLED
+            finish = FinishReason.CANCELLED  # the GEN record says so; the caller sees the error
+            raise
         finally:
             self._cancel = None
             sampler.close()
