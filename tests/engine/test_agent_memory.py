@@ -121,14 +121,14 @@ def test_raw_prompt_with_no_user_message_retrieves_from_its_tail(engines):
     engine = engines[RetrievalMethod.RETRIEVAL]
     engine.reset()
     doc = (
-        FILLER * 30
+        FILLER * 60
         + FACT
         + " "
-        + FILLER * 30
+        + FILLER * 60
         + "\nQuestion: what is the deploy key of the billing service?\nAnswer: The deploy key is"
     )
     tokens = engine.tokenize(doc, add_special=True)
-    assert 1300 < len(tokens) < 4000
+    assert 2500 < len(tokens) < 4000
     fact = _fact_blocks(engine, tokens, FACT)
     list(engine.generate(tokens, query=None, sampling=GREEDY, max_tokens=8))
     plan = engine.session.last_plan
