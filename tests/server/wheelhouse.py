@@ -90,10 +90,11 @@ def build_wheelhouse(dest: Path, roots: Iterable[str], no_deps: Iterable[str] = 
     pins = []
     for name in requirement_closure(roots, no_deps):
         dist = metadata.distribution(name)
-        if dist.read_text("direct_url.json") and '"editable": true' in (
-            dist.read_text("direct_url.json") or ""
-        ):
-            continue  # the project itself: installed from the checkout
+        editable = '"editable": true' in (dist.read_text("direct_url.json") or "")
+        # the project itself is installed from the checkout; when src/ is on sys.path (some
+        # tests put it there) its metadata resolves to src/kvmem.egg-info, not the wheel's
+        if editable or canonicalize_name(name) == "kvmem":
+            continue
         pack_distribution(name, dest)
         pins.append(f"{dist.metadata['Name']}=={dist.version}")
     constraints = dest / "constraints.txt"
