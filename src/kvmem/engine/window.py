@@ -199,7 +199,7 @@ class GpuWindow:
         missing = sorted(b for b in keep if not self.table.is_on_gpu(b))
         if out or missing:
             self.tracer.emit(TraceKind.STREAM, at=position, evict=out, stage_in=missing)
-        self.restore({b: b * bt for b in missing}, stats)
+        self.restore_own(missing, stats)
         stats.evicted_blocks += len(out)
 
     # room for decodes that are not prefill (replay, generation) ---------------------------

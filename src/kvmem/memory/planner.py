@@ -46,9 +46,6 @@ class Tier(Enum):
     RETRIEVED = "retrieved"
 
 
-PINNED_TIERS = (Tier.SINK, Tier.RECENT, Tier.CONTROL, Tier.QUERY, Tier.TRAJECTORY, Tier.FORCED)
-
-
 @dataclass(frozen=True, slots=True)
 class PlannerConfig:
     block_tokens: int
@@ -114,10 +111,6 @@ class WindowPlan:
     @property
     def retrieved(self) -> tuple[int, ...]:
         return self.tier(Tier.RETRIEVED)
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.stage_in or self.stage_out)
 
 
 @dataclass(frozen=True, slots=True)
