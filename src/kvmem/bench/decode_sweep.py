@@ -21,6 +21,7 @@ import numpy as np
 
 from kvmem.bench.engines import GREEDY, BenchEngine, turn_profile
 from kvmem.bench.report import format_table, machine_description, write_json
+from kvmem.bench.transfer_report import transfer_table
 from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
 from kvmem.config import KVCacheTypes, KVMemConfig
@@ -35,7 +36,13 @@ _FIRST_TOKEN = 100  # random prompt tokens are drawn from [_FIRST_TOKEN, n_vocab
 class SweepConfig(Enum):
     STOCK = "stock"
     KVMEM = "kvmem"
+    KVMEM_PYCB = "kvmem-pycb"  # KVMem with the eval callback in Python (no native gate)
+    KVMEM_PLAIN = "kvmem-plain"  # KVMem without the reused (pinned) staging buffer
     OFFLOAD = "offload"
+
+    @property
+    def is_kvmem(self) -> bool:
+        return self in (SweepConfig.KVMEM, SweepConfig.KVMEM_PYCB, SweepConfig.KVMEM_PLAIN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +67,7 @@ class SweepResult:
     host_store_bytes: int = 0
     gpu_cells_peak: int = 0
     profile: dict[str, float] = field(default_factory=dict)
+    transfer: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +155,7 @@ def run_sweep(
                 host_store_bytes=getattr(stats, "host_store_bytes", 0),
                 gpu_cells_peak=getattr(stats, "gpu_cells_peak", 0),
                 profile=turn_profile(engine.last_turn),
+                transfer=_transfer_profile(engine),
             )
             if generated < settings.gen_tokens:
                 logger.warning(
@@ -164,6 +173,11 @@ def run_sweep(
     return results
 
 
+def _transfer_profile(engine: BenchEngine) -> dict[str, dict[str, float | int | None]]:
+    read = getattr(engine, "transfer_profile", None)
+    return read() if callable(read) else {}
+
+
 def add_ratios(results: list[SweepResult]) -> None:
     ref = next((r for r in results if r.window), None)
     if ref is None or ref.decode_tok_s <= 0:
@@ -177,10 +191,11 @@ def add_ratios(results: list[SweepResult]) -> None:
 
 def engine_opener(settings: SweepSettings) -> Callable[[SweepPoint], BenchEngine]:
     from kvmem.engine import Engine, EngineSettings
+    from kvmem.engine.kv_transfer import STAGING_BYTES
 
     def open_engine(point: SweepPoint) -> BenchEngine:
         kv = KVMemConfig(
-            enabled=point.config is SweepConfig.KVMEM,
+            enabled=point.config.is_kvmem,
             budget=settings.budget,
             gen_reserve=settings.gen_reserve,
         )
@@ -199,6 +214,8 @@ def engine_opener(settings: SweepSettings) -> Callable[[SweepPoint], BenchEngine
                 cache_types=settings.cache_types,
                 kvmem=kv,
                 seed=settings.seed,
+                eval_gate=point.config is not SweepConfig.KVMEM_PYCB,
+                staging_bytes=0 if point.config is SweepConfig.KVMEM_PLAIN else STAGING_BYTES,
             )
         )
 
@@ -257,7 +274,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="model, e.g. one written by `kvmem-bench synth-model`, or a name (qwen-0.5b)",
     )
     p.add_argument("--contexts", default="4096,32768,131072,262144")
-    p.add_argument("--configs", default="stock,kvmem", help="stock,kvmem,offload")
+    p.add_argument(
+        "--configs",
+        default="stock,kvmem",
+        help="stock,kvmem,kvmem-pycb (eval callback in Python),kvmem-plain (no staging "
+        "buffer),offload",
+    )
     p.add_argument("--budget", type=strict_int, default=32768, help="KVMem budget (window size)")
     p.add_argument("--gen-reserve", type=strict_int, default=4096)
     p.add_argument("--gen-tokens", type=strict_int, default=128, help="decoded tokens per point")
@@ -298,6 +320,9 @@ def run(ns: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     results = run_sweep(settings, engine_opener(settings), progress=lambda r: logger.info("%s", r))
     print(table(results))
+    if any(r.transfer for r in results):
+        print()
+        print(transfer_table([(f"{r.config.value} {r.context}", r.transfer) for r in results]))
     payload = {
         "command": "decode-sweep",
         "settings": settings.describe(),

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.chat.template import ChatTemplate
+from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.engine.context import ContextSettings, LlamaContext
 from kvmem.engine.model import LlamaModel, resolve_model_path
@@ -145,7 +146,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-c", "--ctx-size", type=strict_int, default=8192)
     p.add_argument("-b", "--batch-size", type=strict_int, default=512)
     p.add_argument("-t", "--threads", type=strict_int, default=None)
-    p.add_argument("-ngl", "--gpu-layers", type=strict_int, default=-1)
+    p.add_argument(
+        "-ngl", "--gpu-layers", type=gpu_layers, default=-1, help="N, all or auto (default: all)"
+    )
     p.add_argument("--out", default=None, metavar="DIR")
     p.set_defaults(handler=run)
 

@@ -22,6 +22,7 @@ from typing import Any
 from kvmem.bench.http_client import (
     GpuMemoryProbe,
     fetch_metrics,
+    get_json,
     listening_pid,
     process_rss_bytes,
     stream_chat,
@@ -42,8 +43,9 @@ from kvmem.bench.tools_records import (
     summarize_rounds,
     summary_table,
 )
+from kvmem.bench.transfer_report import bandwidths, transfer_table
 from kvmem.cli.kvmem_flags import strict_float, strict_int
-from kvmem.errors import ConfigError
+from kvmem.errors import BenchServerError, ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +71,15 @@ def run_tools(
         if on_round is not None:
             on_round(record)
     return records
+
+
+def server_transfer_profile(base_url: str, api_key: str | None) -> dict[str, Any]:
+    """The server's data-movement profile from /props (`kvmem.transfer`), {} without one."""
+    try:
+        props = get_json(base_url, "/props", api_key)
+    except BenchServerError:
+        return {}
+    return dict((props.get("kvmem") or {}).get("transfer") or {})
 
 
 def plot_rounds(records: Sequence[RoundRecord], label: str, path: Path) -> Path:
@@ -175,11 +186,19 @@ def run(ns: argparse.Namespace) -> int:
         if jsonl is not None:
             jsonl.close()
     summary = summarize_rounds(ns.label, records)
+    transfer = server_transfer_profile(base, ns.api_key)
     print(round_table(records))
     print()
     print(summary_table([summary]))
+    if transfer:
+        print()
+        print(transfer_table([(ns.label, transfer)]))
     if out_dir is not None:
-        plot = plot_rounds(records, ns.label, out_dir / f"tools_{ns.label}.png")
+        try:
+            plot: Path | None = plot_rounds(records, ns.label, out_dir / f"tools_{ns.label}.png")
+        except ImportError as exc:  # matplotlib missing or broken: keep the numbers
+            logger.warning("no plot: %s", exc)
+            plot = None
         payload: dict[str, Any] = {
             "command": "tools",
             "label": ns.label,
@@ -187,9 +206,11 @@ def run(ns: argparse.Namespace) -> int:
             "url": base,
             "machine": machine_description(),
             "summary": summary,
-            "plot": str(plot),
+            "transfer": transfer,
+            "bandwidths": bandwidths(transfer) if transfer else {},
+            "plot": str(plot) if plot is not None else None,
             "seconds": time.perf_counter() - t0,
         }
         path = write_json(out_dir, f"tools_{ns.label}.json", payload)
-        print(f"\nwrote {path}, {plot} and tools_{ns.label}.jsonl")
+        print(f"\nwrote {path}, {plot or 'no plot'} and tools_{ns.label}.jsonl")
     return 0

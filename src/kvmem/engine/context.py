@@ -14,6 +14,7 @@ import numpy as np
 from kvmem.errors import DecodeError, KVTransferError, ModelLoadError
 from kvmem.memory.ggml_types import GgmlType
 
+from .host_staging import StagingBuffer
 from .model import LlamaModel
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,13 @@ class Batch:
 class LlamaContext:
     """`llama_context *` with a unified KV cache and spare sequence ids for staging."""
 
-    def __init__(self, model: LlamaModel, settings: ContextSettings, eval_callback=None) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        settings: ContextSettings,
+        eval_callback=None,
+        eval_user_data: int | None = None,
+    ) -> None:
         p = llama_cpp.llama_context_default_params()
         p.n_ctx = settings.n_cells
         p.n_batch = settings.n_batch
@@ -88,7 +95,7 @@ class LlamaContext:
         p.no_perf = True
         if eval_callback is not None:
             p.cb_eval = eval_callback
-            p.cb_eval_user_data = None
+            p.cb_eval_user_data = eval_user_data
         self._callback = eval_callback  # keep the ctypes callback alive
         ptr = llama_cpp.llama_init_from_model(model.ptr, p)
         if not ptr:
@@ -140,11 +147,17 @@ class LlamaContext:
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.mem, True)
 
-    def get_state(self, seq: int, flags: int = 0) -> memoryview:
+    def get_state(
+        self, seq: int, flags: int = 0, staging: StagingBuffer | None = None
+    ) -> memoryview:
         """The sequence's state blob; flags: LLAMA_STATE_SEQ_FLAGS_* (PARTIAL_ONLY = 1: the
-        recurrent part of a hybrid memory alone)."""
+        recurrent part of a hybrid memory alone). With `staging`, the blob is read into that
+        reused buffer (valid until its next use) when it fits the buffer's limit."""
         size = llama_cpp.llama_state_seq_get_size_ext(self.ptr, seq, flags)
-        buf = np.empty(size, dtype=np.uint8)  # [size]
+        if staging is not None and size <= staging.limit_bytes:
+            buf = staging.view(size)  # [size]
+        else:
+            buf = np.empty(size, dtype=np.uint8)  # [size]
         n = llama_cpp.llama_state_seq_get_data_ext(self.ptr, _u8_ptr(buf), size, seq, flags)
         if n == 0:
             raise KVTransferError(f"llama_state_seq_get_data({seq}, flags={flags}) failed")

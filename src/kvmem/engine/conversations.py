@@ -157,3 +157,4 @@ class ConversationPool:
             close = getattr(index, "close", None)
             if close is not None:
                 close()
+            conv.session.transfer.close()

@@ -24,6 +24,7 @@ from kvmem.memory.spans import PromptSpans
 from .background_index import BackgroundIndex
 from .context import ContextSettings, LlamaContext
 from .conversations import ConversationPool
+from .kv_transfer import STAGING_BYTES
 from .llama_lib import ggml_base
 from .model import LlamaModel, ModelInfo, resolve_model_path
 from .query_capture import QueryCapture
@@ -31,6 +32,7 @@ from .sampler import Sampler, SamplingParams
 from .session import KVMemSession
 from .session_persist import SessionPersister, open_tiered_store, store_fingerprint
 from .trace import EngineStats, Tracer, TurnStats
+from .transfer_profile import PathTiming, TransferPath
 from .window import TokenSpan
 
 logger = logging.getLogger(__name__)
@@ -50,6 +52,8 @@ class EngineSettings:
     cache_types: KVCacheTypes = field(default_factory=KVCacheTypes)
     kvmem: KVMemConfig = field(default_factory=KVMemConfig)
     seed: int = -1
+    eval_gate: bool = True  # the native gate in front of the eval callback (eval_gate.py)
+    staging_bytes: int = STAGING_BYTES  # reused blob buffer of harvest/restore; 0 = none
 
     def validate(self) -> None:
         if self.n_ctx < 0:
@@ -94,9 +98,22 @@ class Engine:
             type_v=settings.cache_types.v,
             offload_kqv=settings.offload_kqv,
         )
-        self.ctx = LlamaContext(self.model, ctx_settings, capture.callback if capture else None)
+        self.ctx = LlamaContext(
+            self.model,
+            ctx_settings,
+            capture.callback if capture else None,
+            capture.user_data if capture else None,
+        )
         self.session = KVMemSession(
-            self.ctx, kv, n_ctx, index, capture, self.tracer, self.is_eog, store=self.disk_store
+            self.ctx,
+            kv,
+            n_ctx,
+            index,
+            capture,
+            self.tracer,
+            self.is_eog,
+            store=self.disk_store,
+            staging_bytes=settings.staging_bytes,
         )
         if self.disk_store is not None:
             self._load_stored_session(index)
@@ -123,7 +140,14 @@ class Engine:
             workers = max(1, min(4, (os.cpu_count() or 2) // 4))
             index = BackgroundIndex(self.key_geometry, layers, workers)
         return KVMemSession(
-            self.ctx, kv, self.info.n_ctx, index, self._capture, self.tracer, self.is_eog
+            self.ctx,
+            kv,
+            self.info.n_ctx,
+            index,
+            self._capture,
+            self.tracer,
+            self.is_eog,
+            staging_bytes=self.settings.staging_bytes,
         )
 
     def _load_stored_session(self, index: RetrievalIndex | None) -> None:
@@ -163,7 +187,8 @@ class Engine:
             k_rotation=rotation,
         )
         self.key_geometry = geometry
-        capture = QueryCapture(ggml_base(), layers)  # recency captures too (for coverage)
+        # recency captures too (for coverage)
+        capture = QueryCapture(ggml_base(), layers, gate=self.settings.eval_gate)
         if kv.method is not RetrievalMethod.RETRIEVAL:
             return None, capture  # recency needs no block summaries
         workers = max(1, min(4, (os.cpu_count() or 2) // 4))
@@ -292,7 +317,21 @@ class Engine:
             self.stats.tier_write_failures = t.write_failures
             self.stats.tier_degraded = int(store.degraded is not None)
 
+    def transfer_profile(self) -> dict[str, dict[str, float | int | None]]:
+        """Time and bytes per data-movement path since the last reset (TransferPath), with
+        the eval callback's calls under `capture`."""
+        profile = self.session.transfer.profile
+        capture = self._capture
+        if capture is not None:
+            profile.paths[TransferPath.CAPTURE] = PathTiming(
+                capture.node_calls, capture.read_ms, capture.read_bytes
+            )
+        return profile.snapshot()
+
     def reset(self) -> None:
+        self.session.transfer.profile.clear()
+        if self._capture is not None:
+            self._capture.reset_counters()
         self.session.reset()
         self._persist()
 
@@ -303,6 +342,7 @@ class Engine:
             self.pool.close()
         if isinstance(self.session.index, BackgroundIndex):
             self.session.index.close()
+        self.session.transfer.close()  # the pinned staging buffer
         self.ctx.close()
         self.model.close()
 

@@ -13,6 +13,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvmem.errors import KVTransferError
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.host_store import BlockKV, HostStore
@@ -20,9 +22,15 @@ from kvmem.memory.layout import BlockMove, move_order
 from kvmem.memory.retrieval_index import BlockKeys, RetrievalIndex
 
 from .context import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ, LlamaContext
-from .state_codec import StateLayout, build_state, parse_state, split_blocks
+from .host_staging import StagingBuffer
+from .llama_lib import host_buffer_allocator
+from .state_codec import StateLayout, build_state, kv_part_nbytes, parse_state, split_blocks
+from .transfer_profile import TransferPath, TransferProfile
 
 logger = logging.getLogger(__name__)
+
+
+STAGING_BYTES = 1 << 30  # the reused (pinned) blob buffer; larger restores go in pieces
 
 
 @dataclass(slots=True)
@@ -31,6 +39,27 @@ class TransferResult:
     bytes: int
     ms: float
     block_ids: tuple[int, ...] = ()
+
+
+def owned_block(block: BlockKV) -> BlockKV:
+    """A copy of `block` packed into one buffer of its own: K then V rows of every layer,
+    each array a view of that buffer (the state blob it came from may be reused)."""
+    arrays = [*block.k, *block.v]
+    buf = np.empty(sum(a.nbytes for a in arrays), dtype=np.uint8)  # [k+v bytes]
+    views, at = [], 0
+    for a in arrays:
+        view = buf[at : at + a.nbytes].reshape(a.shape)  # uint8 [n_tokens, row_bytes]
+        view[...] = a
+        views.append(view)
+        at += a.nbytes
+    n_layer = len(block.k)
+    return BlockKV(
+        block_id=block.block_id,
+        positions=np.array(block.positions, dtype=np.int32),  # [n_tokens]
+        k=views[:n_layer],
+        v=views[n_layer:],
+        ext=None if block.ext is None else np.array(block.ext, order="C"),
+    )
 
 
 def block_runs(block_ids: Sequence[int]) -> list[range]:
@@ -57,12 +86,18 @@ class KVTransfer:
         table: BlockTable,
         store: HostStore,
         index: RetrievalIndex | None,
+        staging_bytes: int = STAGING_BYTES,
     ) -> None:
         self.ctx = ctx
         self.table = table
         self.store = store
         self.index = index
         self.layout: StateLayout | None = None
+        self.profile = TransferProfile()
+        # None: every blob in fresh memory, one state call per transfer (the plain path)
+        self.staging: StagingBuffer | None = (
+            StagingBuffer(host_buffer_allocator(), staging_bytes) if staging_bytes > 0 else None
+        )
 
     def harvest(self, block_ids: Sequence[int]) -> TransferResult:
         """Copy complete, GPU-resident blocks to the host store (replacing older copies)."""
@@ -70,24 +105,34 @@ class KVTransfer:
             return TransferResult(0, 0, 0.0)
         t0 = time.perf_counter()
         bt = self.table.block_tokens
-        for run in block_runs(block_ids):
-            self.ctx.seq_cp(MAIN_SEQ, HARVEST_SEQ, run.start * bt, run.stop * bt)
+        prof = self.profile
+        runs = block_runs(block_ids)
+        with prof.timed(TransferPath.SEQ_CP, calls=len(runs)):
+            for run in runs:
+                self.ctx.seq_cp(MAIN_SEQ, HARVEST_SEQ, run.start * bt, run.stop * bt)
         try:
-            state = parse_state(self.ctx.get_state(HARVEST_SEQ))
+            t_get = time.perf_counter()
+            blob = self.ctx.get_state(HARVEST_SEQ, staging=self.staging)
+            prof.add(TransferPath.STATE_GET, (time.perf_counter() - t_get) * 1e3, len(blob))
         finally:
-            self.ctx.seq_rm(HARVEST_SEQ, -1, -1)
-        blocks = split_blocks(state, bt)
+            with prof.timed(TransferPath.SEQ_RM):
+                self.ctx.seq_rm(HARVEST_SEQ, -1, -1)
+        with prof.timed(TransferPath.STATE_SPLIT, len(blob)):
+            state = parse_state(blob)
+            # own copies: the blob lives in the staging buffer, reused by the next transfer
+            blocks = [owned_block(b) for b in split_blocks(state, bt)]
         if sorted(b.block_id for b in blocks) != sorted(block_ids):
             raise KVTransferError(f"harvest of blocks {list(block_ids)} returned other cells")
         if any(len(b.positions) != bt for b in blocks):
             raise KVTransferError("harvested a block that is not complete on the GPU")
         self.layout = self.layout or state.layout
-        n_bytes = 0
-        for block in blocks:
-            self.store.put(block)
-            n_bytes += block.nbytes
+        n_bytes = sum(block.nbytes for block in blocks)
+        with prof.timed(TransferPath.STORE_PUT, n_bytes, calls=len(blocks)):
+            for block in blocks:
+                self.store.put(block)
         if self.index is not None:
-            self.index.add_blocks([BlockKeys(b.block_id, b.positions, b.k) for b in blocks])
+            with prof.timed(TransferPath.INDEX_ADD, calls=len(blocks)):
+                self.index.add_blocks([BlockKeys(b.block_id, b.positions, b.k) for b in blocks])
         ids = tuple(b.block_id for b in blocks)
         return TransferResult(len(blocks), n_bytes, (time.perf_counter() - t0) * 1e3, ids)
 
@@ -101,18 +146,51 @@ class KVTransfer:
             raise KVTransferError("restore before any harvest")
         t0 = time.perf_counter()
         blocks: list[BlockKV] = [self.store.get(b) for b in sorted(block_ids)]
-        blob = build_state(self.layout, blocks, RESTORE_SEQ)
-        self.ctx.set_state(blob, RESTORE_SEQ)
-        bt = self.table.block_tokens
-        own = {b.block_id: b.block_id * bt for b in blocks}
-        target = {b: (starts or {}).get(b, p) for b, p in own.items()}
-        self._shift(RESTORE_SEQ, move_order(own, target, bt))
-        self.ctx.seq_cp(RESTORE_SEQ, MAIN_SEQ, -1, -1)
-        self.ctx.seq_rm(RESTORE_SEQ, -1, -1)
+        for piece in self._pieces(blocks):
+            self._restore_piece(piece, starts or {})
         n_bytes = sum(b.nbytes for b in blocks)
         self.store.stats.bytes_out += n_bytes
         ids = tuple(b.block_id for b in blocks)
         return TransferResult(len(blocks), n_bytes, (time.perf_counter() - t0) * 1e3, ids)
+
+    def _pieces(self, blocks: list[BlockKV]) -> list[list[BlockKV]]:
+        """Consecutive groups of blocks whose blob fits the staging buffer."""
+        assert self.layout is not None
+        if self.staging is None:
+            return [blocks]
+        limit = self.staging.limit_bytes
+        pieces: list[list[BlockKV]] = [[]]
+        cells = 0
+        for block in blocks:
+            if pieces[-1] and 8 + kv_part_nbytes(self.layout, cells + block.n_tokens) > limit:
+                pieces.append([])
+                cells = 0
+            pieces[-1].append(block)
+            cells += block.n_tokens
+        return pieces
+
+    def _restore_piece(self, blocks: list[BlockKV], starts: Mapping[int, int]) -> None:
+        assert self.layout is not None
+        prof = self.profile
+        with prof.timed(TransferPath.STATE_BUILD, calls=len(blocks)):
+            n_cells = sum(b.n_tokens for b in blocks)
+            size = 8 + kv_part_nbytes(self.layout, n_cells)
+            out = self.staging.view(size) if self.staging is not None else None
+            blob = build_state(self.layout, blocks, RESTORE_SEQ, out=out)
+        with prof.timed(TransferPath.STATE_SET, len(blob)):
+            self.ctx.set_state(blob, RESTORE_SEQ)
+        bt = self.table.block_tokens
+        own = {b.block_id: b.block_id * bt for b in blocks}
+        target = {b: starts.get(b, p) for b, p in own.items()}
+        self._shift(RESTORE_SEQ, move_order(own, target, bt))
+        with prof.timed(TransferPath.SEQ_CP):
+            self.ctx.seq_cp(RESTORE_SEQ, MAIN_SEQ, -1, -1)
+        with prof.timed(TransferPath.SEQ_RM):
+            self.ctx.seq_rm(RESTORE_SEQ, -1, -1)
+
+    def close(self) -> None:
+        if self.staging is not None:
+            self.staging.close()
 
     def evict(self, starts: Mapping[int, int]) -> int:
         """Drop host-backed blocks (block id -> first position of its cells) from the
@@ -122,8 +200,10 @@ class KVTransfer:
             if b not in self.store:
                 raise KVTransferError(f"block {b} would be lost: it is not in the host store")
         # every start is a multiple of the block size: remove contiguous cells together
-        for run in block_runs([p // bt for p in starts.values()]):
-            self.ctx.seq_rm(MAIN_SEQ, run.start * bt, run.stop * bt)
+        runs = block_runs([p // bt for p in starts.values()])
+        with self.profile.timed(TransferPath.SEQ_RM, calls=len(runs)):
+            for run in runs:
+                self.ctx.seq_rm(MAIN_SEQ, run.start * bt, run.stop * bt)
         return len(starts) * bt
 
     def move(self, current: Mapping[int, int], target: Mapping[int, int]) -> int:
@@ -134,5 +214,6 @@ class KVTransfer:
 
     def _shift(self, seq: int, moves: Sequence[BlockMove]) -> None:
         bt = self.table.block_tokens
-        for m in moves:
-            self.ctx.seq_add(seq, m.src, m.src + bt, m.delta)
+        with self.profile.timed(TransferPath.SEQ_ADD, calls=len(moves)):
+            for m in moves:
+                self.ctx.seq_add(seq, m.src, m.src + bt, m.delta)

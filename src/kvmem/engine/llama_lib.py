@@ -135,3 +135,56 @@ def init_backend() -> None:
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _backend_ready = True
+
+
+_GPU_DEVICE = 1  # GGML_BACKEND_DEVICE_TYPE_GPU (ggml-backend.h)
+
+
+class HostBufferAllocator:
+    """Page-locked host buffers from the GPU backend's host buffer type (cudaMallocHost on
+    CUDA), through libggml's device API. `available` is False on a CPU-only build."""
+
+    def __init__(self) -> None:
+        lib = load_shared_library("ggml", llama_cpp.llama_cpp._base_path)
+        lib.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+        lib.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+        lib.ggml_backend_dev_host_buffer_type.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_host_buffer_type.restype = ctypes.c_void_p
+        lib.ggml_backend_buft_alloc_buffer.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        lib.ggml_backend_buft_alloc_buffer.restype = ctypes.c_void_p
+        lib.ggml_backend_buffer_get_base.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_buffer_get_base.restype = ctypes.c_void_p
+        lib.ggml_backend_buffer_free.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_buffer_free.restype = None
+        self._lib = lib
+        device = lib.ggml_backend_dev_by_type(_GPU_DEVICE)
+        self._buft = lib.ggml_backend_dev_host_buffer_type(device) if device else None
+
+    @property
+    def available(self) -> bool:
+        return bool(self._buft)
+
+    def alloc(self, n_bytes: int) -> tuple[int, np.ndarray] | None:
+        """(buffer handle, uint8 [n_bytes] array over its memory), or None on failure."""
+        if not self._buft:
+            return None
+        handle = self._lib.ggml_backend_buft_alloc_buffer(self._buft, n_bytes)
+        if not handle:
+            return None
+        base = self._lib.ggml_backend_buffer_get_base(handle)
+        array = np.ctypeslib.as_array((ctypes.c_uint8 * n_bytes).from_address(base))  # [n]
+        return handle, array
+
+    def free(self, handle: int) -> None:
+        self._lib.ggml_backend_buffer_free(handle)
+
+
+_host_alloc: HostBufferAllocator | None = None
+
+
+def host_buffer_allocator() -> HostBufferAllocator:
+    global _host_alloc
+    with _init_lock:
+        if _host_alloc is None:
+            _host_alloc = HostBufferAllocator()
+        return _host_alloc

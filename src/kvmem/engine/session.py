@@ -29,7 +29,7 @@ from kvmem.memory.scorer import QueryVectors
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
 from .context import LlamaContext
-from .kv_transfer import KVTransfer
+from .kv_transfer import STAGING_BYTES, KVTransfer
 from .query_capture import QueryCapture
 from .sampler import Sampler, SamplingParams
 from .trace import FinishReason, TraceKind, Tracer, TurnStats
@@ -51,6 +51,7 @@ class KVMemSession:
         tracer: Tracer,
         is_eog,
         store: BlockStore | None = None,  # the block store; None: a RAM HostStore
+        staging_bytes: int = STAGING_BYTES,  # the transfers' reused blob buffer; 0 = none
     ) -> None:
         self.ctx = ctx
         self.config = config
@@ -62,7 +63,7 @@ class KVMemSession:
         self.tracer = tracer
         self._is_eog = is_eog
         capacity = min(config.gpu_cells, ctx.n_cells) if config.enabled else ctx.n_cells
-        self.transfer = KVTransfer(ctx, self.table, self.store, index)
+        self.transfer = KVTransfer(ctx, self.table, self.store, index, staging_bytes)
         self.window = GpuWindow(ctx, self.table, self.transfer, index, config, capacity, tracer)
         self.chunk_tokens = self._chunk_size(capacity)
         self.last_query: QueryVectors | None = None

@@ -194,11 +194,21 @@ def _cell_selector(cells: np.ndarray) -> slice | np.ndarray:
     return cells
 
 
-def build_state(layout: StateLayout, blocks: Sequence[BlockKV], seq_id: int) -> np.ndarray:
+def build_state(
+    layout: StateLayout,
+    blocks: Sequence[BlockKV],
+    seq_id: int,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """A blob that `llama_state_seq_set_data` restores as the cells of `blocks`: uint8
-    [n_bytes], written in place (each K/V byte is copied once, straight into the blob)."""
+    [n_bytes], written in place (each K/V byte is copied once, straight into the blob);
+    into `out` (uint8, exactly that size) when given."""
     n_cells = sum(b.n_tokens for b in blocks)
-    out = np.empty(8 + kv_part_nbytes(layout, n_cells), dtype=np.uint8)  # [n_bytes]
+    n_bytes = 8 + kv_part_nbytes(layout, n_cells)
+    if out is None:
+        out = np.empty(n_bytes, dtype=np.uint8)  # [n_bytes]
+    elif out.shape != (n_bytes,) or out.dtype != np.uint8:
+        raise StateFormatError(f"blob buffer of {out.shape} for a {n_bytes}-byte state")
     writer = StateWriter(out)
     writer.put(struct.pack("<Ii", STATE_MAGIC, seq_id))
     write_kv_part(writer, layout, blocks, seq_id)

@@ -106,11 +106,12 @@ class HostStore:
     def put(self, block: BlockKV) -> None:
         """Store `block`, replacing a stored block with the same id."""
         _check_block(block)
+        rows = _shared_rows(block) or _owned
         owned = BlockKV(
             block_id=block.block_id,
             positions=_owned(block.positions),
-            k=[_owned(a) for a in block.k],
-            v=[_owned(a) for a in block.v],
+            k=[rows(a) for a in block.k],
+            v=[rows(a) for a in block.v],
             ext=_owned(block.ext) if block.ext is not None else None,
         )
         old = self._blocks.pop(owned.block_id, None)
@@ -168,6 +169,28 @@ class HostStore:
     def fingerprint(self) -> str:
         """What the stored blocks' KV format is (empty: not tracked)."""
         return self._fingerprint
+
+
+def _shared_rows(block: BlockKV):
+    """When the block's K and V arrays are views that exactly tile one buffer of their own
+    (kv_transfer packs a harvested block that way), a function keeping them as they are
+    (read-only); else None."""
+    arrays = [*block.k, *block.v]
+    if not arrays:
+        return None
+    base = arrays[0].base
+    if not isinstance(base, np.ndarray) or not base.flags.owndata:
+        return None
+    if any(a.base is not base or not a.flags.c_contiguous for a in arrays):
+        return None
+    if sum(a.nbytes for a in arrays) != base.nbytes:
+        return None
+
+    def keep(a: np.ndarray) -> np.ndarray:
+        a.setflags(write=False)
+        return a
+
+    return keep
 
 
 def _owned(a: np.ndarray) -> np.ndarray:

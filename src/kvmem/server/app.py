@@ -44,6 +44,8 @@ class ServerState:
     template: ChatTemplate | None = None
     info: ModelInfoLike | None = None
     window: Callable[[], dict[str, list[int]]] | None = None  # the last plan's blocks by tier
+    # data movement since start: time, bytes and GB/s per transfer path (issue 9's profile)
+    transfer: Callable[[], dict[str, dict[str, float | int | None]]] | None = None
     vocab: ChatEngine | None = None  # tokenize/detokenize only (thread-safe vocab reads)
 
 
@@ -75,6 +77,7 @@ def create_app(
         holder["state"].template = template
         holder["state"].info = engine.info
         holder["state"].window = getattr(engine, "window_tiers", None)
+        holder["state"].transfer = getattr(engine, "transfer_profile", None)
         holder["state"].vocab = engine
         logger.info(
             "model %s loaded: n_ctx=%d, chat template from %s, tool format %s",

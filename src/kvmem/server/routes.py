@@ -85,6 +85,7 @@ async def props(request: Request) -> JSONResponse:
     assert state.info is not None and state.template is not None
     body = props_body(state.settings, state.info, state.template)
     body["kvmem"]["window"] = state.window() if state.window is not None else {}
+    body["kvmem"]["transfer"] = state.transfer() if state.transfer is not None else {}
     return JSONResponse(body)
 
 

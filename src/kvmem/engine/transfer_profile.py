@@ -1,0 +1,93 @@
+"""Where data movement spends its time: one timer per transfer path, with the bytes moved.
+
+`KVTransfer` and `QueryCapture` record into a `TransferProfile`; the benches print it
+(`kvmem-bench decode-sweep`, `tools`) so that every path's bandwidth is measured in the
+run that reports the speed, not assumed. Timers are wall-clock around the call: a path
+that waits for the GPU (state get/set) includes that wait.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class TransferPath(Enum):
+    """The steps of harvest, restore and eviction, and the query capture."""
+
+    STATE_GET = "state_get"  # llama_state_seq_get_data: device -> host blob
+    STATE_SPLIT = "state_split"  # parse the blob and cut it into blocks (Python/numpy)
+    STORE_PUT = "store_put"  # blocks into the host store
+    INDEX_ADD = "index_add"  # handing blocks to the retrieval index (summaries run async)
+    STATE_BUILD = "state_build"  # the restore blob assembled from host blocks
+    STATE_SET = "state_set"  # llama_state_seq_set_data: host blob -> device
+    SEQ_CP = "seq_cp"
+    SEQ_RM = "seq_rm"
+    SEQ_ADD = "seq_add"
+    CAPTURE = "capture"  # eval-callback calls (every graph node) and query reads
+
+
+@dataclass(slots=True)
+class PathTiming:
+    calls: int = 0
+    ms: float = 0.0
+    bytes: int = 0
+
+    @property
+    def gb_s(self) -> float | None:
+        """Bandwidth in GB/s (1e9 bytes), or None when nothing was moved or timed."""
+        if self.bytes <= 0 or self.ms <= 0:
+            return None
+        return self.bytes / (self.ms * 1e6)
+
+
+@dataclass(slots=True)
+class TransferProfile:
+    paths: dict[TransferPath, PathTiming] = field(
+        default_factory=lambda: {p: PathTiming() for p in TransferPath}
+    )
+
+    @contextmanager
+    def timed(self, path: TransferPath, n_bytes: int = 0, calls: int = 1) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(path, (time.perf_counter() - t0) * 1e3, n_bytes, calls)
+
+    def add(self, path: TransferPath, ms: float, n_bytes: int = 0, calls: int = 1) -> None:
+        p = self.paths[path]
+        p.calls += calls
+        p.ms += ms
+        p.bytes += n_bytes
+
+    def clear(self) -> None:
+        for p in self.paths.values():
+            p.calls, p.ms, p.bytes = 0, 0.0, 0
+
+    def snapshot(self) -> dict[str, dict[str, float | int | None]]:
+        """{path: {calls, ms, bytes, gb_s}} for the paths that were used."""
+        return {
+            path.value: {"calls": t.calls, "ms": t.ms, "bytes": t.bytes, "gb_s": t.gb_s}
+            for path, t in self.paths.items()
+            if t.calls
+        }
+
+    def harvest_gb_s(self) -> float | None:
+        """End-to-end harvest bandwidth: bytes over state get + split + store put."""
+        return _combined(
+            self, TransferPath.STATE_GET, TransferPath.STATE_SPLIT, TransferPath.STORE_PUT
+        )
+
+    def restore_gb_s(self) -> float | None:
+        """End-to-end restore bandwidth: bytes over blob build + state set."""
+        return _combined(self, TransferPath.STATE_SET, TransferPath.STATE_BUILD)
+
+
+def _combined(profile: TransferProfile, first: TransferPath, *rest: TransferPath) -> float | None:
+    n_bytes = profile.paths[first].bytes
+    ms = sum(profile.paths[p].ms for p in (first, *rest))
+    return PathTiming(1, ms, n_bytes).gb_s

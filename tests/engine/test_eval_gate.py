@@ -1,0 +1,77 @@
+"""The native eval-callback gate: C answers "not needed" while disarmed, forwards while armed,
+and a capture behind it reads the same query rows as the plain Python callback."""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp
+import numpy as np
+import pytest
+
+from kvmem.engine.context import ContextSettings, LlamaContext
+from kvmem.engine.eval_gate import EvalGate, load_gate_library
+from kvmem.engine.llama_lib import ggml_base
+from kvmem.engine.model import LlamaModel
+from kvmem.engine.query_capture import QueryCapture
+
+
+def test_gate_forwards_only_while_armed():
+    lib = load_gate_library()
+    assert lib is not None, "the C compiler is part of the setup (llama-cpp-python's build)"
+    seen: list[tuple[int, bool]] = []
+
+    def inner(tensor: int, ask: bool, _user: int) -> bool:
+        seen.append((tensor, ask))
+        return ask
+
+    py_cb = llama_cpp.ggml_backend_sched_eval_callback(inner)
+    gate = EvalGate(lib, py_cb)
+    call = llama_cpp.ggml_backend_sched_eval_callback(gate.pointer)
+    user = ctypes.c_void_p(gate.user_data)
+    assert [call(7, True, user), call(8, False, user)] == [False, False]
+    assert seen == [] and (gate.calls, gate.forwarded) == (2, 0)
+    gate.arm()
+    assert [call(9, True, user), call(10, False, user)] == [True, False]
+    assert seen == [(9, True), (10, False)] and (gate.calls, gate.forwarded) == (4, 2)
+    gate.disarm()
+    assert call(11, True, user) is False and (gate.calls, gate.forwarded) == (5, 2)
+
+
+@pytest.mark.slow
+def test_gated_capture_equals_python_capture(smollm2_path):
+    model = LlamaModel(smollm2_path)
+    tokens = model.tokenize("The gate must not change what the query capture reads.")
+    results = {}
+    try:
+        for gated in (True, False):
+            capture = QueryCapture(ggml_base(), [2, 5], gate=gated)
+            assert (capture.gate is not None) is gated
+            ctx = LlamaContext(
+                model,
+                ContextSettings(n_cells=256, n_batch=64, n_ubatch=64, n_threads=2),
+                capture.callback,
+                capture.user_data,
+            )
+            try:
+                ctx.decode(tokens[:4], 0, [False] * 4)  # disarmed: nothing reaches Python
+                python_calls = capture.n_calls
+                capture.arm()
+                ctx.decode(tokens[4:], 4, [True] * (len(tokens) - 4))
+                rows = capture.disarm()
+                results[gated] = (rows, python_calls, capture.node_calls, capture.n_calls)
+            finally:
+                ctx.close()
+    finally:
+        model.close()
+    (gated_rows, gated_idle, node_calls, gated_py), (plain_rows, plain_idle, _, plain_py) = (
+        results[True],
+        results[False],
+    )
+    assert gated_idle == 0 and plain_idle == 0
+    assert node_calls - gated_py > 500  # the disarmed decode: every node answered in C
+    assert gated_py == plain_py  # Python sees exactly the armed pass's nodes either way
+    assert sorted(gated_rows) == [2, 5]
+    for layer in (2, 5):
+        assert gated_rows[layer].shape[0] == len(tokens) - 4
+        assert np.array_equal(gated_rows[layer], plain_rows[layer])

@@ -1,0 +1,80 @@
+"""The staged transfer path (reused, possibly pinned blob buffer; restores split into
+pieces) gives bit-identical logits to the plain state-API path, for three KV types."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvmem.config import KVMemConfig
+from kvmem.engine import TurnStats
+from kvmem.engine.host_staging import StagingBuffer
+from kvmem.engine.llama_lib import host_buffer_allocator
+from kvmem.engine.state_codec import kv_part_nbytes
+from kvmem.engine.transfer_profile import TransferPath
+
+from .helpers import filler_tokens, make_engine
+
+pytestmark = pytest.mark.slow
+
+
+def _logits_after(engine, prompt, token, staging) -> tuple[np.ndarray, int]:
+    """Prefill, evict blocks 1-3, restore them through `staging`, decode `token`; returns
+    the logits and the number of state writes the restore took."""
+    engine.reset()
+    session = engine.session
+    session.transfer.staging = staging
+    engine.teacher_force(prompt, [token])
+    session.window.evict([1, 2, 3])
+    session.transfer.profile.clear()
+    stats = TurnStats()
+    session.window.restore({3: 384, 1: 128, 2: 256}, stats)
+    assert stats.stage_in_blocks == 3
+    session.ctx.decode([token], len(prompt), [True])
+    return session.ctx.logits(-1), session.transfer.profile.paths[TransferPath.STATE_SET].calls
+
+
+@pytest.mark.parametrize("cache", ["f16", "q8_0", "q4_0"])
+def test_staged_and_plain_paths_are_bit_identical(smollm2_path, cache):
+    engine = make_engine(smollm2_path, cache=cache, kvmem=KVMemConfig(budget=2048, gen_reserve=256))
+    try:
+        tokens = filler_tokens(engine, 5 * 128 + 10, seed=11)
+        prompt, token = tokens[:-1], tokens[-1]
+        engine.reset()
+        engine.teacher_force(prompt, [token])
+        engine.session.ctx.decode([token], len(prompt), [True])
+        reference = engine.session.ctx.logits(-1)  # never evicted
+
+        plain, plain_writes = _logits_after(engine, prompt, token, None)
+        layout = engine.session.transfer.layout
+        one_block = 8 + kv_part_nbytes(layout, 128)
+        # a buffer that holds one block's blob: the restore of three goes in three pieces
+        small = StagingBuffer(host_buffer_allocator(), one_block)
+        staged, staged_writes = _logits_after(engine, prompt, token, small)
+        small.close()
+        assert (plain_writes, staged_writes) == (1, 3)
+        assert np.array_equal(plain, reference)
+        assert np.array_equal(staged, reference)
+    finally:
+        engine.close()
+
+
+def test_harvest_copies_out_of_the_reused_buffer(smollm2_path):
+    """Blocks in the host store own their memory: a later harvest through the same
+    staging buffer leaves earlier blocks' bytes unchanged."""
+    engine = make_engine(smollm2_path, kvmem=KVMemConfig(budget=2048, gen_reserve=256))
+    try:
+        tokens = filler_tokens(engine, 4 * 128 + 10, seed=12)
+        engine.reset()
+        engine.teacher_force(tokens[:-1], [tokens[-1]])
+        store = engine.session.store
+        before = {b: [a.copy() for a in store.get(b).k] for b in store.block_ids()}
+        engine.session.transfer.harvest([0, 1, 2])  # overwrites the staging buffer
+        for b, ks in before.items():
+            assert all(np.array_equal(x, y) for x, y in zip(ks, store.get(b).k, strict=True))
+            block = store.get(b)
+            kv_bytes = sum(a.nbytes for a in [*block.k, *block.v])
+            # every array is its own memory or a view of the block's own exact-size buffer
+            assert all(a.base is None or a.base.nbytes == kv_bytes for a in block.k)
+    finally:
+        engine.close()
