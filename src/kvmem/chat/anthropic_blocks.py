@@ -70,7 +70,7 @@ def _blocks(content: Any, at: str, allowed: tuple[str, ...]) -> list[dict[str, A
                 f"{where}.type {kind!r} is not supported here: use {', '.join(allowed)}",
                 f"{where}.type",
             )
-        extra = sorted(set(block) - _BLOCK_KEYS[kind])
+        extra = sorted(k for k in set(block) - _BLOCK_KEYS[kind] if block[k] is not None)
         if extra:
             raise InvalidRequestError(f"{where}.{extra[0]} is not supported", f"{where}.{extra[0]}")
         for key in ("text",) if kind == "text" else ("thinking",) if kind == "thinking" else ():
@@ -134,7 +134,10 @@ def _assistant(blocks: list[dict[str, Any]]) -> dict[str, Any]:
         {
             "id": b["id"],
             "type": "function",
-            "function": {"name": b["name"], "arguments": json.dumps(b["input"], ensure_ascii=False)},
+            "function": {
+                "name": b["name"],
+                "arguments": json.dumps(b["input"], ensure_ascii=False),
+            },
         }
         for b in blocks
         if b["type"] == "tool_use"

@@ -155,7 +155,9 @@ def chat_tools(raw: Any, where: str = "tools") -> list[dict[str, Any]]:
         extra = sorted(set(tool) - {"type", "name", "description", "parameters", "strict"})
         if extra:
             raise InvalidRequestError(f"{at}.{extra[0]} is not supported", f"{at}.{extra[0]}")
-        function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
+        function = {
+            k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool
+        }
         tools.append({"type": "function", "function": function})
     return tools
 
@@ -167,7 +169,7 @@ def chat_tool_choice(raw: Any) -> Any:
     if isinstance(raw, dict) and raw.get("type") == "function" and set(raw) <= {"type", "name"}:
         return {"type": "function", "function": {"name": raw.get("name")}}
     raise InvalidRequestError(
-        "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}",
+        '\'tool_choice\' must be auto, none, required or {"type": "function", "name": ...}',
         "tool_choice",
     )
 
@@ -177,7 +179,10 @@ def assistant_message(
 ) -> dict[str, Any]:
     """The chat message of one response's output (call_id, name, arguments per call), kept
     for `previous_response_id`."""
-    message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": content if content or not calls else None,
+    }
     if reasoning:
         message["reasoning_content"] = reasoning
     if calls:

@@ -104,11 +104,17 @@ class MessageBuilder:
             self.content.append(block)
             self._open = kind
             events.append(
-                {"type": "content_block_start", "index": len(self.content) - 1, "content_block": dict(block)}
+                {
+                    "type": "content_block_start",
+                    "index": len(self.content) - 1,
+                    "content_block": dict(block),
+                }
             )
         self.content[-1][kind] += text
         delta = {"type": f"{kind}_delta", kind: text}
-        events.append({"type": "content_block_delta", "index": len(self.content) - 1, "delta": delta})
+        events.append(
+            {"type": "content_block_delta", "index": len(self.content) - 1, "delta": delta}
+        )
         return events
 
     def _close(self) -> list[dict[str, Any]]:

@@ -1,10 +1,10 @@
 """The Anthropic `POST /v1/messages` request, validated strictly and translated into a chat
 request (so every chat check, the template and the tool grammars apply).
 
-Unsupported fields are refused with a 400 naming them. `metadata` is accepted with its
-`user_id` only (it changes nothing). `thinking` maps to the reasoning controls: `enabled`
-turns the template's thinking on with `budget_tokens` as the reasoning budget, `disabled`
-turns it off.
+Unsupported fields are refused with a 400 naming them. `metadata` (its `user_id`) and a
+top-level `cache_control` are accepted and change nothing. `thinking` maps to the
+reasoning controls: `enabled` turns the template's thinking on with `budget_tokens` as the
+reasoning budget, `adaptive` turns it on without a budget, `disabled` turns it off.
 """
 
 from __future__ import annotations
@@ -26,8 +26,13 @@ class Metadata(_Strict):
     user_id: str | None = None
 
 
+class CacheControl(_Strict):
+    type: Literal["ephemeral"]
+    ttl: str | None = None
+
+
 class Thinking(_Strict):
-    type: Literal["enabled", "disabled"]
+    type: Literal["enabled", "adaptive", "disabled"]
     budget_tokens: int | None = Field(default=None, ge=1)
 
 
@@ -45,6 +50,7 @@ class MessagesRequest(_Strict):
     tool_choice: Any = None
     thinking: Thinking | None = None
     metadata: Metadata | None = None
+    cache_control: CacheControl | None = None  # KVMem reuses every prefix on its own
 
 
 class CountTokensRequest(_Strict):
@@ -98,7 +104,7 @@ def chat_request(r: MessagesRequest | CountTokensRequest) -> ChatCompletionReque
     elif r.tools:
         body["parallel_tool_calls"] = True  # Anthropic's default
     if r.thinking is not None:
-        enabled = r.thinking.type == "enabled"
+        enabled = r.thinking.type != "disabled"
         body["chat_template_kwargs"] = {"enable_thinking": enabled}
         if enabled and r.thinking.budget_tokens is not None:
             body["reasoning_budget_tokens"] = r.thinking.budget_tokens

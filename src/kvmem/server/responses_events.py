@@ -114,9 +114,13 @@ class ResponseBuilder:
         item = self._open
         assert item is not None
         item.text.append(text)
-        name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
+        name = (
+            "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
+        )
         extra = {} if kind == "reasoning" else {"logprobs": []}
-        events.append(self.numbered(name, **self._where(item), content_index=0, delta=text, **extra))
+        events.append(
+            self.numbered(name, **self._where(item), content_index=0, delta=text, **extra)
+        )
         return events
 
     def _open_item(self, kind: str) -> list[dict[str, Any]]:
@@ -130,7 +134,9 @@ class ResponseBuilder:
         self._open = item = _Item(body)
         where = self._where(item)
         return [
-            self.numbered("response.output_item.added", output_index=where["output_index"], item=dict(body)),
+            self.numbered(
+                "response.output_item.added", output_index=where["output_index"], item=dict(body)
+            ),
             self.numbered("response.content_part.added", **where, content_index=0, part=part),
         ]
 
@@ -142,7 +148,9 @@ class ResponseBuilder:
         where = self._where(item)
         if item.body["type"] == "reasoning":
             part: dict[str, Any] = {"type": "reasoning_text", "text": text}
-            done = self.numbered("response.reasoning_text.done", **where, content_index=0, text=text)
+            done = self.numbered(
+                "response.reasoning_text.done", **where, content_index=0, text=text
+            )
         else:
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
             done = self.numbered(
@@ -152,7 +160,9 @@ class ResponseBuilder:
         events = [
             done,
             self.numbered("response.content_part.done", **where, content_index=0, part=part),
-            self.numbered("response.output_item.done", output_index=where["output_index"], item=body),
+            self.numbered(
+                "response.output_item.done", output_index=where["output_index"], item=body
+            ),
         ]
         self.output.append(body)
         return events
@@ -169,15 +179,22 @@ class ResponseBuilder:
         }
         where = {"item_id": body["id"], "output_index": len(self.output)}
         events = [
-            self.numbered("response.output_item.added", output_index=where["output_index"], item=dict(body)),
+            self.numbered(
+                "response.output_item.added", output_index=where["output_index"], item=dict(body)
+            ),
             self.numbered("response.function_call_arguments.delta", **where, delta=call.arguments),
             self.numbered(
-                "response.function_call_arguments.done", **where, name=call.name, arguments=call.arguments
+                "response.function_call_arguments.done",
+                **where,
+                name=call.name,
+                arguments=call.arguments,
             ),
         ]
         body = {**body, "arguments": call.arguments, "status": "completed"}
         events.append(
-            self.numbered("response.output_item.done", output_index=where["output_index"], item=body)
+            self.numbered(
+                "response.output_item.done", output_index=where["output_index"], item=body
+            )
         )
         self.output.append(body)
         return events
