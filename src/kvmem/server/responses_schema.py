@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvmem.chat.response_items import chat_tool_choice, chat_tools, input_messages
+from kvmem.chat.thinking import check_effort
 from kvmem.errors import InvalidRequestError
 from kvmem.server.schemas import MAX_TEMPERATURE, ChatCompletionRequest, parse_chat_request
 
@@ -112,6 +113,8 @@ def request_messages(
 def chat_request(r: ResponsesRequest, conversation: list[dict[str, Any]]) -> ChatCompletionRequest:
     """The chat request that runs this response (instructions first, as a system message)."""
     messages = list(conversation)
+    if r.reasoning is not None and r.reasoning.effort is not None:
+        check_effort(r.reasoning.effort, "reasoning.effort")
     if r.instructions is not None:
         messages.insert(0, {"role": "system", "content": r.instructions})
     body: dict[str, Any] = {"messages": messages, "stream": False}
