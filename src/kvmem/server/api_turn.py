@@ -19,6 +19,7 @@ from kvmem.chat.prompt import tokenize_prompt
 from kvmem.chat.turn import TurnDone, TurnEvent
 from kvmem.server.channel import EventChannel, JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob, prepare_chat_job
+from kvmem.server.live_timings import TimingsSnapshot
 from kvmem.server.prompt_limits import check_prompt_size, message_chars
 from kvmem.server.props import served_model_id
 from kvmem.server.routes import _next_event, _ready_state
@@ -51,6 +52,8 @@ class QueuedTurn:
                     raise ClientGone()
                 if isinstance(event, JobFailed):
                     raise event.error
+                if isinstance(event, TimingsSnapshot):
+                    continue
                 yield event
                 if isinstance(event, TurnDone):
                     return
