@@ -8,7 +8,9 @@ import json
 
 from fastapi.testclient import TestClient
 
+from kvmem.cli.api_keys import ApiKeys
 from kvmem.server.app import create_app
+from kvmem.server.limits import ServerLimits
 from tests.server.app_helpers import USER, settings, sse_events, wait_ready
 from tests.server.fake_engine import FakeEngine
 
@@ -150,3 +152,49 @@ def test_timings_per_token_without_the_engine_hook_has_generation_fields() -> No
         "predicted_per_token_ms",
         "predicted_per_second",
     }
+
+
+def test_anthropic_errors_use_its_envelope_everywhere() -> None:
+    fake = FakeEngine(replies=["ok"])
+    app = create_app(
+        settings(api_keys=ApiKeys(("sk-a",)), limits=ServerLimits(max_body_bytes=2000)),
+        lambda s: fake,
+    )
+    body = {"model": "m", "max_tokens": 5, "messages": USER}
+    key = {"x-api-key": "sk-a"}
+    with TestClient(app) as c:
+        wait_ready(c)
+        missing = c.post("/v1/messages", json=body)
+        assert (missing.status_code, missing.json()) == (
+            401,
+            {
+                "type": "error",
+                "error": {
+                    "type": "authentication_error",
+                    "message": "missing API key: send 'Authorization: Bearer YOUR_KEY' or "
+                    "'X-Api-Key: YOUR_KEY'",
+                },
+            },
+        )
+        bearer = c.post("/v1/messages", json=body, headers={"authorization": "Bearer sk-a"})
+        assert bearer.status_code == 200
+        big = c.post("/v1/messages", json={**body, "system": "x" * 3000}, headers=key)
+        assert big.status_code == 413
+        assert big.json()["error"]["type"] == "request_too_large"
+        text = c.post("/v1/messages", content=b"{}", headers={**key, "content-type": "text/plain"})
+        assert text.status_code == 415 and text.json()["type"] == "error"
+        broken = c.post(
+            "/v1/messages", content=b"{", headers={**key, "content-type": "application/json"}
+        )
+        assert broken.status_code == 400
+        assert broken.json()["error"]["type"] == "invalid_request_error"
+        # the OpenAI routes keep the OpenAI envelope
+        other = c.post("/v1/responses", json={"input": 1}, headers=key)
+        assert other.status_code == 400 and other.json()["error"]["param"] == "input"
+        assert c.get("/v1/responses/resp_nope", headers=key).status_code == 404
+        counted = c.post(
+            "/v1/messages/count_tokens", json={"model": "m", "messages": USER}, headers=key
+        )
+        assert counted.json() == {
+            "input_tokens": len("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+        }

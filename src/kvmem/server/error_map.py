@@ -138,8 +138,12 @@ def anthropic_payload(exc: BaseException) -> tuple[HttpError, dict[str, Any]]:
     """The status/headers and `{"type": "error", "error": {"type", "message"}}` for `exc`."""
     error = classify(exc)
     message = str(exc) if isinstance(exc, KVMemError) else "internal server error"
-    kind = _ANTHROPIC_TYPES.get(error.status, "api_error")
+    kind = anthropic_error_type(error.status)
     return error, {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def anthropic_error_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status, "api_error")
 
 
 def anthropic_response(exc: BaseException) -> JSONResponse:
