@@ -106,21 +106,6 @@ def test_stream_event_sequence(main_server: LiveServer) -> None:
 def test_forced_function_call_and_its_output_round_trip(main_server: LiveServer) -> None:
     client = main_server.client()
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    first = client.responses.create(
-        model="smol",
-        input=ask,
-        tools=[TOOL],
-        tool_choice=FORCE,
-        temperature=0,
-        max_output_tokens=40,
-    )
-    assert first.status == "completed"
-    calls = [item for item in first.output if item.type == "function_call"]
-    assert len(calls) == 1 and [i.type for i in first.output] == ["function_call"]
-    call = calls[0]
-    assert call.name == "get_weather" and call.call_id.startswith("call_")
-    assert json.loads(call.arguments)["city"] in ("Paris", "London", "Tokyo")
-
     stream = client.responses.create(
         model="smol",
         input=ask,
@@ -140,7 +125,15 @@ def test_forced_function_call_and_its_output_round_trip(main_server: LiveServer)
         "response.output_item.done",
         "response.completed",
     ]
-    assert events[4].arguments == call.arguments  # type: ignore[union-attr]  # same grammar, same text
+    first = events[-1].response  # type: ignore[union-attr]
+    assert first.status == "completed"
+    assert [i.type for i in first.output] == ["function_call"]
+    call = first.output[0]
+    assert call.type == "function_call"
+    assert call.name == "get_weather" and call.call_id.startswith("call_")
+    assert json.loads(call.arguments)["city"] in ("Paris", "London", "Tokyo")
+    assert events[4].arguments == call.arguments  # type: ignore[union-attr]
+    assert events[3].delta == call.arguments  # type: ignore[union-attr]
 
     second = client.responses.create(
         model="smol",
