@@ -47,7 +47,7 @@ def chat_messages(system: Any, messages: Any) -> list[dict[str, Any]]:
         if not isinstance(message, dict) or set(message) - {"role", "content"}:
             raise InvalidRequestError(f"{at} must be an object with role and content", at)
         role = message.get("role")
-        if role not in _ALLOWED:
+        if not isinstance(role, str) or role not in _ALLOWED:
             raise InvalidRequestError(f"{at}.role must be user or assistant", f"{at}.role")
         content = message.get("content")
         if isinstance(content, str):

@@ -85,7 +85,7 @@ def _text_parts(content: Any, at: str) -> str:
     for j, part in enumerate(content):
         where = f"{at}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS:
+        if not isinstance(kind, str) or kind not in _TEXT_PARTS:
             raise InvalidRequestError(
                 f"{where}.type {kind!r} is not supported: only input_text and output_text parts",
                 f"{where}.type",
@@ -98,7 +98,7 @@ def _text_parts(content: Any, at: str) -> str:
 
 def _message(item: dict[str, Any], at: str) -> dict[str, Any]:
     role = item.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:
         raise InvalidRequestError(
             f"{at}.role must be one of user, system, developer, assistant", f"{at}.role"
         )
