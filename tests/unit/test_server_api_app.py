@@ -198,3 +198,46 @@ def test_anthropic_errors_use_its_envelope_everywhere() -> None:
         assert counted.json() == {
             "input_tokens": len("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
         }
+
+
+def test_request_fields_reach_the_engine() -> None:
+    fake = FakeEngine(replies=lambda prompt: "{}")
+    tool = {"name": "f", "input_schema": {"type": "object", "properties": {}}}
+    with TestClient(create_app(settings(), lambda s: fake)) as c:
+        wait_ready(c)
+        schema = {"type": "json_schema", "name": "x", "schema": {"type": "object"}}
+        r = c.post(
+            "/v1/responses",
+            json={"input": "Hi", "max_output_tokens": 7, "top_p": 0.5, "text": {"format": schema}},
+        )
+        assert r.status_code == 200 and r.json()["text"] == {"format": schema}
+        m = c.post(
+            "/v1/messages",
+            json={
+                "model": "m",
+                "max_tokens": 9,
+                "messages": USER,
+                "top_k": 3,
+                "tools": [tool],
+                "tool_choice": {"type": "any"},
+            },
+        )
+        assert m.status_code == 200
+        none = c.post(
+            "/v1/messages",
+            json={
+                "model": "m",
+                "max_tokens": 9,
+                "messages": USER,
+                "tools": [tool],
+                "tool_choice": {"type": "none"},
+            },
+        )
+        assert none.status_code == 200
+    first, second, third = fake.calls
+    assert (first.max_tokens, first.sampling.top_p) == (7, 0.5)
+    assert first.grammar is not None and first.grammar.startswith("root ::= object")
+    assert (second.max_tokens, second.sampling.top_k) == (9, 3)
+    assert second.grammar is not None and '"<tool_call>\\n"' in second.grammar
+    assert "<tools>" in second.prompt  # the tool instructions of the template's polyfill
+    assert third.grammar is None and "<tools>" not in third.prompt  # tool_choice none
