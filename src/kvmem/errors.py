@@ -64,6 +64,14 @@ class InvalidRequestError(KVMemError):
         self.param = param
 
 
+class NotFoundError(KVMemError):
+    """A request names an object the server does not have (a stored response id)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class AuthenticationError(KVMemError):
     """Missing or invalid API key."""
 

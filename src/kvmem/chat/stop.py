@@ -32,16 +32,22 @@ def held_prefix_length(text: str, markers: tuple[str, ...]) -> int:
 class StopMatcher:
     """Finds the first stop string in a stream of text deltas."""
 
-    __slots__ = ("_stops", "_held", "_stopped")
+    __slots__ = ("_stops", "_held", "_stopped", "_matched")
 
     def __init__(self, stops: tuple[str, ...]) -> None:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
         self._stopped = False
+        self._matched = ""
 
     @property
     def stopped(self) -> bool:
         return self._stopped
+
+    @property
+    def matched(self) -> str:
+        """The stop string that ended the text ("" until one does)."""
+        return self._matched
 
     def push(self, text: str) -> StopResult:
         if self._stopped:
@@ -53,7 +59,7 @@ class StopMatcher:
         for stop in self._stops:
             at = buffer.find(stop)
             if at != -1 and (first == -1 or at < first):
-                first = at
+                first, self._matched = at, stop
         if first != -1:
             self._held = ""
             self._stopped = True

@@ -95,6 +95,7 @@ class TurnUsage:
 class TurnDone:
     finish_reason: ChatFinish
     usage: TurnUsage
+    stop_word: str = ""  # the stop string that ended the turn (finish STOP), else ""
 
 
 TurnEvent = TextDelta | ToolCallEvent | TokenLogprobs | TurnDone
@@ -227,7 +228,7 @@ def run_turn(engine: ChatEngine, req: TurnRequest) -> Iterator[TurnEvent]:
     yield from out.finish()
     if out.n_calls and finish in (ChatFinish.STOP, ChatFinish.LENGTH):
         finish = ChatFinish.TOOL_CALLS
-    yield TurnDone(finish, usage)
+    yield TurnDone(finish, usage, stopper.matched if finish is ChatFinish.STOP else "")
 
 
 def _logprobs(engine: ChatEngine, logits: Any, token: int, n: int) -> TokenLogprobs:

@@ -286,6 +286,12 @@ class Engine:
     def last_turn(self) -> TurnStats:
         return self.session.last_turn
 
+    @property
+    def live_turn(self) -> TurnStats | None:
+        """The statistics of the turn being generated (timings_per_token), when the session
+        publishes them as `live_turn`; None otherwise."""
+        return getattr(self.session, "live_turn", None)
+
     def _account(self, turn: TurnStats) -> None:
         self.stats.add_turn(turn)
         sessions = [c.session for c in self.pool.conversations] if self.pool else [self.session]

@@ -18,11 +18,14 @@ from fastapi.staticfiles import StaticFiles
 
 from kvmem.chat.protocol import ChatEngine, ModelInfoLike
 from kvmem.chat.template import ChatTemplate
+from kvmem.server.anthropic_api import anthropic_router
 from kvmem.server.auth import ApiKeyChecker
 from kvmem.server.body_guard import BodyGuard, cors_options
 from kvmem.server.completion_routes import completion_router
 from kvmem.server.error_map import install_error_handlers
 from kvmem.server.metrics import ServerMetrics
+from kvmem.server.response_store import ResponseStore
+from kvmem.server.responses_api import responses_router
 from kvmem.server.routes import api_router, health_router
 from kvmem.server.settings import ServerSettings
 from kvmem.server.ui_files import ui_directory
@@ -107,6 +110,7 @@ def create_app(
     )
     app.state.kvmem = state
     app.state.auth = ApiKeyChecker(settings.api_keys)
+    app.state.responses = ResponseStore()  # previous_response_id (server/responses_api.py)
     limits = settings.limits
 
     def on_error(exc: BaseException) -> None:
@@ -125,6 +129,8 @@ def create_app(
     app.include_router(api_router)
     app.include_router(completion_router)
     app.include_router(utility_router)
+    app.include_router(responses_router)  # the Responses and Anthropic Messages APIs
+    app.include_router(anthropic_router)
     ui = ui_directory(settings)
     if ui is not None:
         app.mount("/", StaticFiles(directory=str(ui), html=True), name="ui")

@@ -9,16 +9,20 @@
   The app then receives the body in one message, and the client's disconnect after it.
 - A client that leaves while sending its body ends the request silently (no traceback).
 - HEAD is answered like GET (the HTTP layer drops the body).
+- Errors on the Anthropic routes (/v1/messages...) use Anthropic's envelope.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from kvmem.server.error_map import anthropic_error_type
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +48,18 @@ def media_type(value: bytes | None) -> str:
     return value.split(b";", 1)[0].strip().lower().decode("latin-1")
 
 
+# True while a request to an Anthropic route is guarded: its errors use that API's envelope
+_ANTHROPIC = contextvars.ContextVar("kvmem_anthropic_route", default=False)
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
 async def send_error(send: Send, status: int, message: str, type_: str, code: str) -> None:
-    body = json.dumps(
-        {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    ).encode()
+    error: dict[str, Any] = (
+        {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
+        if _ANTHROPIC.get()
+        else {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    )
+    body = json.dumps(error).encode()
     await send(
         {
             "type": "http.response.start",
@@ -81,6 +93,7 @@ class BodyGuard:
             await self.app(scope, receive, send)
             return
         started = False
+        _ANTHROPIC.set(str(scope.get("path", "")).startswith(ANTHROPIC_PREFIX))
 
         async def tracked_send(message: Message) -> None:
             nonlocal started

@@ -24,6 +24,7 @@ from kvmem.chat.tool_grammar import tool_call_grammar
 from kvmem.chat.turn import TurnRequest
 from kvmem.engine import SamplingParams
 from kvmem.server.channel import EventChannel
+from kvmem.server.live_timings import TimingProbe
 from kvmem.server.schemas import ChatCompletionRequest, NamedToolChoice
 from kvmem.server.settings import ServerSettings
 
@@ -44,6 +45,7 @@ class ChatJob:
     ignore_eos: bool = False
     banned_tokens: tuple[int, ...] = ()
     top_logprobs: int | None = None
+    timing_probe: TimingProbe | None = None  # timings_per_token
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def turn_request(self, prompt: PromptTokens) -> TurnRequest:
@@ -162,4 +164,5 @@ def prepare_chat_job(
         budget_message=settings.budget_message,
         ignore_eos=bool(request.ignore_eos),
         top_logprobs=(request.top_logprobs or 0) if request.logprobs else None,
+        timing_probe=TimingProbe() if request.timings_per_token and request.stream else None,
     )

@@ -24,6 +24,7 @@ from kvmem.chat.turn import TurnUsage
 from kvmem.engine import SamplingParams
 from kvmem.errors import ContextLengthExceededError
 from kvmem.server.channel import EventChannel, JobStarted
+from kvmem.server.live_timings import TimingProbe
 
 
 class StopType(Enum):
@@ -61,6 +62,7 @@ class CompletionJob:
     banned_tokens: tuple[int, ...] = ()
     grammar: str | None = None
     reported_bans: tuple[int, ...] = ()  # generation_settings.logit_bias (with ignore_eos' EOG)
+    timing_probe: TimingProbe | None = None  # timings_per_token
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def run(self, engine: ChatEngine) -> Any:

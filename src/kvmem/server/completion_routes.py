@@ -38,6 +38,7 @@ from kvmem.server.completion_schema import (
 )
 from kvmem.server.error_map import error_payload
 from kvmem.server.json_body import parse_json_body
+from kvmem.server.live_timings import TimingProbe, TimingsSnapshot
 from kvmem.server.logit_bias import banned_tokens
 from kvmem.server.props import served_model_id
 from kvmem.server.responses import SSE_DONE, sse_data
@@ -116,6 +117,7 @@ def _jobs(
             ignore_eos=r.ignore_eos,
             banned_tokens=banned,
             grammar=_grammar(r),
+            timing_probe=TimingProbe() if r.timings_per_token and r.stream else None,
         )
         jobs.append((job, _prompt_text(vocab, tokens)))
     bans = list(banned)
@@ -221,21 +223,30 @@ async def _stream(
 ) -> AsyncIterator[str]:
     try:
         tokens: list[CompletionToken] = []
+        live: dict[str, Any] | None = None  # timings_per_token
         while True:
             event = await _next(request, job)
             if event is None:
                 return
+            if isinstance(event, TimingsSnapshot):
+                live = event.body
+                continue
             if isinstance(event, JobFailed):
                 _, body = error_payload(event.error)
                 yield sse_data(body)
                 break
             if isinstance(event, CompletionToken):
                 tokens.append(event)
-                if oai is not None:
-                    if event.text:
-                        yield sse_data(oai.chunk(vocab, event))
-                else:
-                    yield sse_data(native_chunk(shape, vocab, event))
+                if oai is not None and not event.text:
+                    continue
+                body = (
+                    oai.chunk(vocab, event)
+                    if oai is not None
+                    else native_chunk(shape, vocab, event)
+                )
+                if live is not None:
+                    body["timings"] = live
+                yield sse_data(body)
             elif isinstance(event, CompletionDone):
                 if oai is not None:
                     yield sse_data(oai.final(vocab, event, tokens, True))

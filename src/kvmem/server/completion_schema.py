@@ -50,6 +50,7 @@ class CompletionRequest(BaseModel):
     best_of: int | None = None
     id_slot: int | None = None
     stream_options: dict[str, Any] | None = None
+    timings_per_token: bool = False  # llama-server: `timings` on every stream chunk
 
     @property
     def stop_list(self) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from kvmem.errors import (
     EngineNotReadyError,
     InvalidRequestError,
     KVMemError,
+    NotFoundError,
     QueueFullError,
     ServerShuttingDownError,
     TemplateError,
@@ -44,6 +45,7 @@ _BY_TYPE: tuple[tuple[type[BaseException], HttpError], ...] = (
     ),
     (InvalidRequestError, HttpError(400, "invalid_request_error", "invalid_request")),
     (TemplateError, HttpError(400, "invalid_request_error", "template_error")),
+    (NotFoundError, HttpError(404, "invalid_request_error", "not_found")),
     (AuthenticationError, HttpError(401, "authentication_error", "invalid_api_key")),
     (QueueFullError, HttpError(503, "server_error", "queue_full", {"Retry-After": RETRY_AFTER_S})),
     (
@@ -118,3 +120,34 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, on_validation_error)
     # Any other exception is a bug: BodyGuard (server/body_guard.py) logs it once with its
     # traceback, counts it in kvmem_requests_failed_total and answers 500 in the envelope.
+
+
+# The Anthropic Messages API's envelope, by HTTP status (server/anthropic_api.py).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_payload(exc: BaseException) -> tuple[HttpError, dict[str, Any]]:
+    """The status/headers and `{"type": "error", "error": {"type", "message"}}` for `exc`."""
+    error = classify(exc)
+    message = str(exc) if isinstance(exc, KVMemError) else "internal server error"
+    kind = anthropic_error_type(error.status)
+    return error, {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def anthropic_error_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status, "api_error")
+
+
+def anthropic_response(exc: BaseException) -> JSONResponse:
+    error, body = anthropic_payload(exc)
+    if error.status >= 500 and not isinstance(exc, (QueueFullError, EngineNotReadyError)):
+        logger.error("request failed: %s: %s", type(exc).__name__, exc)
+    return JSONResponse(body, status_code=error.status, headers=error.headers)

@@ -153,6 +153,7 @@ class ChunkWriter:
     id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
     pending_logprobs: list[dict[str, Any]] = field(default_factory=list)
+    live_timings: dict[str, Any] | None = None  # timings_per_token: on every later chunk
 
     def _chunk(
         self,
@@ -171,7 +172,9 @@ class ChunkWriter:
             if delta is None
             else [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         }
-        body.update(extra)
+        if self.live_timings is not None:
+            body["timings"] = self.live_timings
+        body.update(extra)  # the final chunks' exact timings replace the live ones
         return sse_data(body)
 
     def role(self) -> str:

@@ -18,6 +18,7 @@ from kvmem.server.channel import EventChannel, JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob, prepare_chat_job
 from kvmem.server.error_map import envelope, error_payload, failed_response
 from kvmem.server.json_body import parse_json_body
+from kvmem.server.live_timings import TimingsSnapshot
 from kvmem.server.logit_bias import banned_tokens
 from kvmem.server.prompt_limits import check_prompt_size, message_chars
 from kvmem.server.props import PROCESS_STARTED, models_body, props_body, served_model_id
@@ -194,6 +195,9 @@ async def _stream(
                 _, body = error_payload(event.error)
                 yield sse_data(body)
                 break
+            if isinstance(event, TimingsSnapshot):  # timings_per_token
+                writer.live_timings = event.body
+                continue
             for line in writer.event(event):
                 yield line
             if isinstance(event, TurnDone):

@@ -105,6 +105,7 @@ class ChatCompletionRequest(_Strict):
     continue_final_message: bool | None = None  # vLLM: continue the final assistant message
     verbose: bool | None = None  # llama-server: add `__verbose` with the rendered prompt
     ignore_eos: bool | None = None  # llama-server extension: never stop at end-of-generation
+    timings_per_token: bool | None = None  # llama-server: `timings` on every stream chunk
 
     @property
     def stop_list(self) -> tuple[str, ...]:

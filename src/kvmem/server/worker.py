@@ -27,8 +27,9 @@ from kvmem.errors import (
 )
 from kvmem.server.channel import JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob
-from kvmem.server.completion_job import CompletionDone, CompletionJob
+from kvmem.server.completion_job import CompletionDone, CompletionJob, CompletionToken
 from kvmem.server.error_map import classify
+from kvmem.server.live_timings import TimingsSnapshot
 from kvmem.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -177,10 +178,14 @@ class EngineWorker:
             return
         self._metrics.processing = 1
         try:
+            probe = job.timing_probe  # timings_per_token (server/live_timings.py)
+            target = engine if probe is None else probe.wrap(engine)
             if isinstance(job, CompletionJob):
-                for event in job.run(engine):
+                for event in job.run(target):
                     if isinstance(event, CompletionDone):
                         self._metrics.record_turn(event.usage)
+                    elif probe is not None and isinstance(event, CompletionToken):
+                        job.channel.put(TimingsSnapshot(probe.timings()))
                     job.channel.put(event)
                 return
             prompt = tokenize_prompt(engine, job.rendered)
@@ -190,10 +195,12 @@ class EngineWorker:
             if job.grammar:
                 engine.check_grammar(job.grammar)  # a bad grammar is a 400, even when streaming
             job.channel.put(JobStarted(len(prompt.tokens)))
-            for event in run_turn(engine, job.turn_request(prompt)):
+            for event in run_turn(target, job.turn_request(prompt)):
                 if isinstance(event, TurnDone):
                     self._metrics.record_turn(event.usage)
                     _log_turn(event)
+                elif probe is not None:
+                    job.channel.put(TimingsSnapshot(probe.timings()))
                 job.channel.put(event)
         except TurnCancelledError:
             logger.info("the prompt's processing was cancelled")
