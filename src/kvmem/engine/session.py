@@ -71,6 +71,7 @@ class KVMemSession:
         self.frontier: int | None = None  # first position whose KV saw a chosen window
         self.force_spans: tuple[TokenSpan, ...] = ()  # oracle: spans every plan must hold
         self.last_turn = TurnStats()
+        self.live_turn: TurnStats | None = None  # the turn being run (read by live timings)
         self._cancel: threading.Event | None = None
 
     def _chunk_size(self, capacity: int) -> int:
@@ -188,7 +189,8 @@ class KVMemSession:
             raise InvalidRequestError("the prompt is empty", param="messages")
         if len(prompt) >= self.n_ctx:
             raise ContextLengthExceededError(len(prompt), self.n_ctx)
-        return TurnStats(prompt_tokens=len(prompt))
+        self.live_turn = TurnStats(prompt_tokens=len(prompt))
+        return self.live_turn
 
     def _end_turn(self, stats: TurnStats, finish: FinishReason) -> None:
         stats.finish_reason = finish.value
