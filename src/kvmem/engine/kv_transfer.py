@@ -20,6 +20,7 @@ from kvmem.memory.layout import BlockMove, move_order
 from kvmem.memory.retrieval_index import BlockKeys, RetrievalIndex
 
 from .context import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ, LlamaContext
+from .hybrid_transfer import hybrid_blobs
 from .state_codec import StateLayout, build_state, parse_state, split_blocks
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class KVTransfer:
         self.store = store
         self.index = index
         self.layout: StateLayout | None = None
+        self.hybrid = hybrid_blobs(ctx)  # hybrid memory: attention blocks only (hybrid_transfer)
 
     def harvest(self, block_ids: Sequence[int]) -> TransferResult:
         """Copy complete, GPU-resident blocks to the host store (replacing older copies)."""
@@ -73,7 +75,8 @@ class KVTransfer:
         for run in block_runs(block_ids):
             self.ctx.seq_cp(MAIN_SEQ, HARVEST_SEQ, run.start * bt, run.stop * bt)
         try:
-            state = parse_state(self.ctx.get_state(HARVEST_SEQ))
+            blob = self.ctx.get_state(HARVEST_SEQ)
+            state = self.hybrid.parse(blob) if self.hybrid else parse_state(blob)
         finally:
             self.ctx.seq_rm(HARVEST_SEQ, -1, -1)
         blocks = split_blocks(state, bt)
@@ -101,7 +104,10 @@ class KVTransfer:
             raise KVTransferError("restore before any harvest")
         t0 = time.perf_counter()
         blocks: list[BlockKV] = [self.store.get(b) for b in sorted(block_ids)]
-        blob = build_state(self.layout, blocks, RESTORE_SEQ)
+        if self.hybrid is not None:  # keeps the main sequence's recurrent state
+            blob = self.hybrid.build(self.layout, blocks, RESTORE_SEQ)
+        else:
+            blob = build_state(self.layout, blocks, RESTORE_SEQ)
         self.ctx.set_state(blob, RESTORE_SEQ)
         bt = self.table.block_tokens
         own = {b.block_id: b.block_id * bt for b in blocks}
