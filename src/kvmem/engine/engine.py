@@ -20,6 +20,7 @@ from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.rope import k_rotation_size
 from kvmem.memory.spans import PromptSpans
+from kvmem.spec_config import SpecConfig
 
 from .background_index import BackgroundIndex
 from .context import ContextSettings, LlamaContext
@@ -30,6 +31,7 @@ from .query_capture import QueryCapture
 from .sampler import Sampler, SamplingParams
 from .session import KVMemSession
 from .session_persist import SessionPersister, open_tiered_store, store_fingerprint
+from .spec_decode import spec_decoder
 from .trace import EngineStats, Tracer, TurnStats
 from .window import TokenSpan
 
@@ -50,6 +52,7 @@ class EngineSettings:
     cache_types: KVCacheTypes = field(default_factory=KVCacheTypes)
     kvmem: KVMemConfig = field(default_factory=KVMemConfig)
     seed: int = -1
+    spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding
 
     def validate(self) -> None:
         if self.n_ctx < 0:
@@ -60,6 +63,7 @@ class EngineSettings:
             raise ConfigError("-ub", f"ubatch size must be positive, got {self.n_ubatch}")
         self.cache_types.validate()
         self.kvmem.validate()
+        self.spec.validate()
         if self.cache_types.v.is_quantized and not self.flash_attn:
             raise ConfigError("-ctv", "a quantized V cache needs flash attention (-fa on)")
 
@@ -96,7 +100,15 @@ class Engine:
         )
         self.ctx = LlamaContext(self.model, ctx_settings, capture.callback if capture else None)
         self.session = KVMemSession(
-            self.ctx, kv, n_ctx, index, capture, self.tracer, self.is_eog, store=self.disk_store
+            self.ctx,
+            kv,
+            n_ctx,
+            index,
+            capture,
+            self.tracer,
+            self.is_eog,
+            store=self.disk_store,
+            spec=spec_decoder(settings.spec),
         )
         if self.disk_store is not None:
             self._load_stored_session(index)
@@ -123,7 +135,14 @@ class Engine:
             workers = max(1, min(4, (os.cpu_count() or 2) // 4))
             index = BackgroundIndex(self.key_geometry, layers, workers)
         return KVMemSession(
-            self.ctx, kv, self.info.n_ctx, index, self._capture, self.tracer, self.is_eog
+            self.ctx,
+            kv,
+            self.info.n_ctx,
+            index,
+            self._capture,
+            self.tracer,
+            self.is_eog,
+            spec=spec_decoder(self.settings.spec),
         )
 
     def _load_stored_session(self, index: RetrievalIndex | None) -> None:

@@ -33,6 +33,7 @@ from .kv_transfer import KVTransfer
 from .query_capture import QueryCapture
 from .replay_ssm import ReplaySSM
 from .sampler import Sampler, SamplingParams
+from .spec_decode import SpecDecoder
 from .trace import FinishReason, TraceKind, Tracer, TurnStats
 from .window import GpuWindow
 
@@ -52,6 +53,7 @@ class KVMemSession:
         tracer: Tracer,
         is_eog,
         store: BlockStore | None = None,  # the block store; None: a RAM HostStore
+        spec: SpecDecoder | None = None,  # speculative decoding (spec_decode.py)
     ) -> None:
         self.ctx = ctx
         self.config = config
@@ -73,6 +75,7 @@ class KVMemSession:
         self.last_turn = TurnStats()
         self._cancel: threading.Event | None = None
         self.ssm = ReplaySSM(ctx) if ctx.model.is_hybrid else None  # recurrent snapshots
+        self.spec = spec
 
     def _chunk_size(self, capacity: int) -> int:
         """Prefill chunk: a multiple (or, for a small batch, a divisor) of the block size
@@ -135,13 +138,17 @@ class KVMemSession:
             self._prefill(prompt, PromptSpans.of(query), stats)
             gen_start = self.table.n_tokens
             t0 = time.perf_counter()
+            queue: list[int] = []  # tokens a draft verification emitted, not yet yielded
             while True:
                 if cancel is not None and cancel.is_set():
                     finish = FinishReason.CANCELLED
                     break
-                if logits_out is not None:
-                    logits_out.append(self.ctx.logits(-1))
-                token = sampler.sample(self.ctx.ptr, -1)
+                if queue:
+                    token = queue.pop(0)
+                else:
+                    if logits_out is not None:
+                        logits_out.append(self.ctx.logits(-1))
+                    token = sampler.sample(self.ctx.ptr, -1)
                 if self._is_eog(token):
                     break
                 finish = FinishReason.CANCELLED  # if the consumer stops at this yield
@@ -151,7 +158,15 @@ class KVMemSession:
                 if stats.generated_tokens == max_tokens or self.table.n_tokens + 1 >= self.n_ctx:
                     finish = FinishReason.LENGTH
                     break
-                self._decode([token], stats, gen_start=gen_start)
+                if queue:
+                    continue  # an accepted draft token: its cell is in the cache already
+                if self.spec is not None:
+                    left = -1 if max_tokens < 0 else max_tokens - stats.generated_tokens
+                    queue = self.spec.step(
+                        self, sampler, token, stats, gen_start, left, logits_out, self._is_eog
+                    )
+                else:
+                    self._decode([token], stats, gen_start=gen_start)
         except TurnCancelledError:
             finish = FinishReason.CANCELLED  # the GEN record says so; the caller sees the error
             raise
@@ -206,6 +221,11 @@ class KVMemSession:
             finish=stats.finish_reason,
             cells=self.window.cells_used(),
             host_blocks=len(self.store),
+            **(
+                {"draft_n": stats.draft_n, "draft_accepted": stats.draft_n_accepted}
+                if self.spec is not None
+                else {}
+            ),
         )
 
     def _prefill(self, prompt: Sequence[int], given: PromptSpans, stats: TurnStats) -> None:
