@@ -51,6 +51,12 @@ class SpecConfig:
         return self.type is not SpecType.NONE
 
     def validate(self) -> None:
+        if self.type is SpecType.MTP:
+            raise ConfigError(
+                "--spec-type",
+                "draft-mtp is not available in this build: the MTP draft path (nextn layers) "
+                "is not wired into the session yet; use ngram-simple (docs/server.md)",
+            )
         if not 1 <= self.n_max <= MAX_DRAFT:
             raise ConfigError("--spec-draft-n-max", f"must be in 1..{MAX_DRAFT}, got {self.n_max}")
         if self.kv_type not in SPEC_KV_TYPES.values():
