@@ -265,3 +265,12 @@ def test_long_generation_past_the_reserve(over) -> None:
     n = engine.session.table.n_tokens
     assert engine.session.store.block_ids() == tuple(range(n // BT))
     assert read_recurrent(engine.ctx).positions.tolist() == [n - 1]
+
+
+def test_disk_store_and_conversations_are_refused_for_hybrids(tiny_hybrid_path, tmp_path) -> None:  # noqa: F811
+    from kvmem.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--kvmem-conversations: not supported for hybrid"):
+        hybrid_engine(tiny_hybrid_path, KVMemConfig(block_tokens=BT, conversations=2))
+    with pytest.raises(ConfigError, match="--kvmem-disk-dir: not supported for hybrid"):
+        hybrid_engine(tiny_hybrid_path, KVMemConfig(block_tokens=BT, disk_dir=str(tmp_path)))

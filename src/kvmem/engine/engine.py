@@ -78,6 +78,7 @@ class Engine:
         self.disk_store = open_tiered_store(settings.kvmem)  # locks --kvmem-disk-dir first
         self.persister: SessionPersister | None = None
         self.model = LlamaModel(path, settings.n_gpu_layers)
+        self._check_hybrid(settings)
         train_ctx = llama_cpp.llama_model_n_ctx_train(self.model.ptr)
         n_ctx = settings.n_ctx or train_ctx
         self.info: ModelInfo = self.model.describe(n_ctx)
@@ -126,6 +127,21 @@ class Engine:
             self.session.capacity,
             kv.enabled,
         )
+
+    def _check_hybrid(self, settings: EngineSettings) -> None:
+        """A hybrid model's recurrent state lives in the context only: it is neither written
+        to --kvmem-disk-dir nor switched between conversations, so those are refused."""
+        kv = settings.kvmem
+        flag = "--kvmem-disk-dir" if kv.disk_dir else "--kvmem-conversations"
+        if self.model.is_hybrid and (kv.disk_dir or kv.conversations > 1):
+            self.model.close()
+            if self.disk_store is not None:
+                self.disk_store.close()
+            raise ConfigError(
+                flag,
+                "not supported for hybrid (recurrent) models yet: the recurrent state is "
+                "neither persisted nor switched between conversations",
+            )
 
     def _new_session(self) -> KVMemSession:
         """Another conversation on this context (--kvmem-conversations)."""
