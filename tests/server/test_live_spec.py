@@ -53,6 +53,17 @@ def test_drafted_answer_equals_plain_and_reports_drafts(
     accepted = re.search(r"^kvmem_draft_accepted_tokens_total (\S+)$", metrics, re.M)
     assert drafts and accepted
     assert float(drafts.group(1)) >= t["draft_n"] and float(accepted.group(1)) > 0
+    raw = spec_server.http().post(
+        "/completion",
+        json={
+            "prompt": "def area(width, height):\n    return width * height\n\ndef area(",
+            "n_predict": 16,
+            "temperature": 0,
+        },
+        timeout=600,
+    )
+    assert raw.status_code == 200, raw.text
+    assert raw.json()["timings"]["draft_n"] > 0
     props = spec_server.http().get("/props").json()
     assert props["speculative"] == {"type": "ngram-simple", "n_max": 3, "kv_type": None}
     ready = [ln for ln in spec_server.log().splitlines() if ln.startswith("KVMEM_STARTUP ready=")]
