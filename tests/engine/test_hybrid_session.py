@@ -274,3 +274,35 @@ def test_disk_store_and_conversations_are_refused_for_hybrids(tiny_hybrid_path, 
         hybrid_engine(tiny_hybrid_path, KVMemConfig(block_tokens=BT, conversations=2))
     with pytest.raises(ConfigError, match="--kvmem-disk-dir: not supported for hybrid"):
         hybrid_engine(tiny_hybrid_path, KVMemConfig(block_tokens=BT, disk_dir=str(tmp_path)))
+
+
+def test_drafts_on_a_hybrid_over_budget(over, tiny_hybrid_path) -> None:  # noqa: F811
+    """Drafts in a hybrid session past the reserve (random weights rarely repeat, so an
+    oracle drafter proposes the plain output with every 5th token wrong): verification folds
+    only accepted tokens into the recurrent state (snapshot, rewind, re-decode), rejected
+    cells are never recorded, and greedy output equals decoding without drafts."""
+    from kvmem.engine.spec_decode import SpecDecoder
+    from kvmem.spec_config import SpecConfig, SpecType
+
+    plain, _ = over
+    drafted = hybrid_engine(tiny_hybrid_path, OVER)
+    try:
+        prompt = tokens(240, seed=11)
+        plain.reset()
+        want = list(plain.generate(prompt, sampling=GREEDY, max_tokens=120, ignore_eos=True))
+
+        def oracle(history, n: int) -> list[int]:
+            k = len(history) - len(prompt)  # tokens emitted so far: want[k] comes next
+            return [t if (k + i) % 5 else (t + 1) % 900 for i, t in enumerate(want[k : k + n])]
+
+        drafted.session.spec = SpecDecoder(SpecConfig(type=SpecType.NGRAM), drafter=oracle)
+        got = list(drafted.generate(prompt, sampling=GREEDY, max_tokens=120, ignore_eos=True))
+        st = drafted.last_turn
+        assert got == want
+        assert 0 < st.draft_n_accepted < st.draft_n and st.spilled_blocks >= 1
+        assert st.spilled_blocks == plain.last_turn.spilled_blocks
+        assert drafted.session.tokens == plain.session.tokens
+        n = drafted.session.table.n_tokens
+        assert read_recurrent(drafted.ctx).positions.tolist() == [n - 1]
+    finally:
+        drafted.close()
