@@ -145,9 +145,10 @@ def test_environment_overrides_the_recipe(
     ]
     assert sorted(body["overrides"]) == ["API_KEY_FILE", "HOST", "MMPROJ", "MODEL", "PORT"]
     assert body["url"] == "http://127.0.0.1:18999/"
-    # the model has an MTP head, but kvmem-server has no --spec-type yet: the flags are dropped
+    # the model has an MTP head, but kvmem-server has no draft-mtp yet: the flags are dropped
     assert body["notes"][-1] == (
-        "MTP: off, dropping --spec-type draft-mtp: kvmem-server does not support --spec-type yet"
+        "MTP: off, dropping --spec-type draft-mtp: "
+        "kvmem-server does not support --spec-type draft-mtp yet"
     )
     code, body, _ = dry_run(
         capsys, monkeypatch, ["iq3-16gib", "--port", "1234"], MODEL=str(hybrid27b), PORT="5"

@@ -23,6 +23,8 @@ class TurnMemory:
     truncated_tokens: int = 0  # history dropped because the prompt diverged from it
     reselect_ms: float = 0.0
     segments: int = 0
+    draft_n: int = 0  # speculative draft tokens verified
+    draft_n_accepted: int = 0
 
     def add(self, stats: TurnStatsLike) -> None:
         if self.segments == 0:
@@ -34,6 +36,8 @@ class TurnMemory:
         self.stored_blocks += stats.stage_out_blocks
         self.truncated_tokens += stats.truncated_tokens
         self.reselect_ms += stats.reselect_ms
+        self.draft_n += getattr(stats, "draft_n", 0)
+        self.draft_n_accepted += getattr(stats, "draft_n_accepted", 0)
 
     @property
     def reprocessed_tokens(self) -> int:

@@ -25,6 +25,7 @@ from .kvmem_flags import (
     strict_float,
     strict_int,
 )
+from .spec_flags import add_spec_arguments, spec_config_from_args
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     add_kv_cache_arguments(p)
     add_kvmem_arguments(p)
+    add_spec_arguments(p)  # speculative decoding (spec_flags.py)
     return p
 
 
@@ -154,6 +156,7 @@ def settings_from_args(ns: argparse.Namespace):
         cache_types=flags.cache_types,
         kvmem=flags.kvmem,
         seed=ns.seed,
+        spec=spec_config_from_args(ns),
     )
     settings.validate()
     return settings

@@ -18,6 +18,7 @@ from kvmem.cli import arg_types as t
 from kvmem.cli.compat_flags import add_compat_arguments, host_list, parallel_slots, reasoning_format
 from kvmem.cli.env_args import MISSING, EnvBinding, check_env_names, read_env_value, supported_names
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, add_kvmem_arguments
+from kvmem.cli.spec_flags import add_spec_arguments
 from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import parse_kv_type
 from kvmem.server import limits as lim
@@ -242,6 +243,7 @@ def build_server_parser() -> ServerArgumentParser:
             )
     add_kv_cache_arguments(p)
     add_kvmem_arguments(p)
+    add_spec_arguments(p)  # speculative decoding (cli/spec_flags.py)
     add_compat_arguments(p)
     return p
 

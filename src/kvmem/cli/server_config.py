@@ -17,6 +17,7 @@ from kvmem.cli.api_keys import collect_api_keys
 from kvmem.cli.arg_types import FlashAttn, SplitMode
 from kvmem.cli.kvmem_flags import kvmem_config_from_args
 from kvmem.cli.server_args import ParsedArgs, parse_server_argv
+from kvmem.cli.spec_flags import spec_config_from_args
 from kvmem.engine import EngineSettings, SamplingParams
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
@@ -142,6 +143,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         cache_types=flags.cache_types,
         kvmem=flags.kvmem,
         seed=v["seed"],
+        spec=spec_config_from_args(parsed.namespace),  # --spec-* (cli/spec_flags.py)
     )
     engine.validate()
     enable = v["reasoning"] if v["reasoning"] is not None else v["enable_thinking"]

@@ -20,6 +20,7 @@ from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.rope import k_rotation_size
 from kvmem.memory.spans import PromptSpans
+from kvmem.spec_config import SpecConfig
 
 from .background_index import BackgroundIndex
 from .context import ContextSettings, LlamaContext
@@ -31,6 +32,7 @@ from .query_capture import QueryCapture
 from .sampler import Sampler, SamplingParams
 from .session import KVMemSession
 from .session_persist import SessionPersister, open_tiered_store, store_fingerprint
+from .spec_decode import spec_decoder
 from .trace import EngineStats, Tracer, TurnStats
 from .transfer_profile import PathTiming, TransferPath
 from .window import TokenSpan
@@ -54,6 +56,7 @@ class EngineSettings:
     seed: int = -1
     eval_gate: bool = True  # the native gate in front of the eval callback (eval_gate.py)
     staging_bytes: int = STAGING_BYTES  # reused blob buffer of harvest/restore; 0 = none
+    spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding
 
     def validate(self) -> None:
         if self.n_ctx < 0:
@@ -64,6 +67,7 @@ class EngineSettings:
             raise ConfigError("-ub", f"ubatch size must be positive, got {self.n_ubatch}")
         self.cache_types.validate()
         self.kvmem.validate()
+        self.spec.validate()
         if self.cache_types.v.is_quantized and not self.flash_attn:
             raise ConfigError("-ctv", "a quantized V cache needs flash attention (-fa on)")
 
@@ -78,6 +82,7 @@ class Engine:
         self.disk_store = open_tiered_store(settings.kvmem)  # locks --kvmem-disk-dir first
         self.persister: SessionPersister | None = None
         self.model = LlamaModel(path, settings.n_gpu_layers)
+        self._check_hybrid(settings)
         train_ctx = llama_cpp.llama_model_n_ctx_train(self.model.ptr)
         n_ctx = settings.n_ctx or train_ctx
         self.info: ModelInfo = self.model.describe(n_ctx)
@@ -114,6 +119,7 @@ class Engine:
             self.is_eog,
             store=self.disk_store,
             staging_bytes=settings.staging_bytes,
+            spec=spec_decoder(settings.spec),
         )
         if self.disk_store is not None:
             self._load_stored_session(index)
@@ -132,6 +138,21 @@ class Engine:
             kv.enabled,
         )
 
+    def _check_hybrid(self, settings: EngineSettings) -> None:
+        """A hybrid model's recurrent state lives in the context only: it is neither written
+        to --kvmem-disk-dir nor switched between conversations, so those are refused."""
+        kv = settings.kvmem
+        flag = "--kvmem-disk-dir" if kv.disk_dir else "--kvmem-conversations"
+        if self.model.is_hybrid and (kv.disk_dir or kv.conversations > 1):
+            self.model.close()
+            if self.disk_store is not None:
+                self.disk_store.close()
+            raise ConfigError(
+                flag,
+                "not supported for hybrid (recurrent) models yet: the recurrent state is "
+                "neither persisted nor switched between conversations",
+            )
+
     def _new_session(self) -> KVMemSession:
         """Another conversation on this context (--kvmem-conversations)."""
         kv, index = self.settings.kvmem, None
@@ -148,6 +169,7 @@ class Engine:
             self.tracer,
             self.is_eog,
             staging_bytes=self.settings.staging_bytes,
+            spec=spec_decoder(self.settings.spec),
         )
 
     def _load_stored_session(self, index: RetrievalIndex | None) -> None:

@@ -23,6 +23,7 @@ from kvmem.memory.retrieval_index import BlockKeys, RetrievalIndex
 
 from .context import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ, LlamaContext
 from .host_staging import StagingBuffer
+from .hybrid_transfer import hybrid_blobs
 from .llama_lib import host_buffer_allocator
 from .state_codec import StateLayout, build_state, kv_part_nbytes, parse_state, split_blocks
 from .transfer_profile import TransferPath, TransferProfile
@@ -98,6 +99,7 @@ class KVTransfer:
         self.staging: StagingBuffer | None = (
             StagingBuffer(host_buffer_allocator(), staging_bytes) if staging_bytes > 0 else None
         )
+        self.hybrid = hybrid_blobs(ctx)  # hybrid memory: attention blocks only (hybrid_transfer)
 
     def harvest(self, block_ids: Sequence[int]) -> TransferResult:
         """Copy complete, GPU-resident blocks to the host store (replacing older copies)."""
@@ -118,7 +120,7 @@ class KVTransfer:
             with prof.timed(TransferPath.SEQ_RM):
                 self.ctx.seq_rm(HARVEST_SEQ, -1, -1)
         with prof.timed(TransferPath.STATE_SPLIT, len(blob)):
-            state = parse_state(blob)
+            state = self.hybrid.parse(blob) if self.hybrid else parse_state(blob)
             # own copies: the blob lives in the staging buffer, reused by the next transfer
             blocks = [owned_block(b) for b in split_blocks(state, bt)]
         if sorted(b.block_id for b in blocks) != sorted(block_ids):
@@ -156,7 +158,7 @@ class KVTransfer:
     def _pieces(self, blocks: list[BlockKV]) -> list[list[BlockKV]]:
         """Consecutive groups of blocks whose blob fits the staging buffer."""
         assert self.layout is not None
-        if self.staging is None:
+        if self.staging is None or self.hybrid is not None:
             return [blocks]
         limit = self.staging.limit_bytes
         pieces: list[list[BlockKV]] = [[]]
@@ -174,9 +176,12 @@ class KVTransfer:
         prof = self.profile
         with prof.timed(TransferPath.STATE_BUILD, calls=len(blocks)):
             n_cells = sum(b.n_tokens for b in blocks)
-            size = 8 + kv_part_nbytes(self.layout, n_cells)
-            out = self.staging.view(size) if self.staging is not None else None
-            blob = build_state(self.layout, blocks, RESTORE_SEQ, out=out)
+            if self.hybrid is not None:  # keeps the main sequence's recurrent state
+                blob = self.hybrid.build(self.layout, blocks, RESTORE_SEQ)
+            else:
+                size = 8 + kv_part_nbytes(self.layout, n_cells)
+                out = self.staging.view(size) if self.staging is not None else None
+                blob = build_state(self.layout, blocks, RESTORE_SEQ, out=out)
         with prof.timed(TransferPath.STATE_SET, len(blob)):
             self.ctx.set_state(blob, RESTORE_SEQ)
         bt = self.table.block_tokens

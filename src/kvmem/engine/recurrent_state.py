@@ -96,6 +96,10 @@ class RecurrentCheckpoints:
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self._snaps)
 
+    @property
+    def latest(self) -> RecurrentSnapshot | None:
+        return self._snaps[-1] if self._snaps else None
+
     def take(self, ctx: LlamaContext) -> RecurrentSnapshot:
         """Snapshot the sequence as it is now (replacing one at the same position)."""
         snap = snapshot_recurrent(ctx, self.seq)

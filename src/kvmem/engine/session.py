@@ -31,7 +31,9 @@ from kvmem.memory.spans import PromptSpans, TokenSpan
 from .context import LlamaContext
 from .kv_transfer import STAGING_BYTES, KVTransfer
 from .query_capture import QueryCapture
+from .replay_ssm import ReplaySSM
 from .sampler import Sampler, SamplingParams
+from .spec_decode import SpecDecoder
 from .trace import FinishReason, TraceKind, Tracer, TurnStats
 from .window import GpuWindow
 
@@ -52,6 +54,7 @@ class KVMemSession:
         is_eog,
         store: BlockStore | None = None,  # the block store; None: a RAM HostStore
         staging_bytes: int = STAGING_BYTES,  # the transfers' reused blob buffer; 0 = none
+        spec: SpecDecoder | None = None,  # speculative decoding (spec_decode.py)
     ) -> None:
         self.ctx = ctx
         self.config = config
@@ -73,6 +76,8 @@ class KVMemSession:
         self.last_turn = TurnStats()
         self.live_turn: TurnStats | None = None  # the turn being run (read by live timings)
         self._cancel: threading.Event | None = None
+        self.ssm = ReplaySSM(ctx) if ctx.model.is_hybrid else None  # recurrent snapshots
+        self.spec = spec
 
     def _chunk_size(self, capacity: int) -> int:
         """Prefill chunk: a multiple (or, for a small batch, a divisor) of the block size
@@ -109,6 +114,8 @@ class KVMemSession:
             self.index.remove(self.index.block_ids())
         self.last_query, self.frontier = None, None
         self._queries.clear()
+        if self.ssm is not None:
+            self.ssm.clear()
 
     # turns -----------------------------------------------------------------------------
     def generate(
@@ -133,13 +140,17 @@ class KVMemSession:
             self._prefill(prompt, PromptSpans.of(query), stats)
             gen_start = self.table.n_tokens
             t0 = time.perf_counter()
+            queue: list[int] = []  # tokens a draft verification emitted, not yet yielded
             while True:
                 if cancel is not None and cancel.is_set():
                     finish = FinishReason.CANCELLED
                     break
-                if logits_out is not None:
-                    logits_out.append(self.ctx.logits(-1))
-                token = sampler.sample(self.ctx.ptr, -1)
+                if queue:
+                    token = queue.pop(0)
+                else:
+                    if logits_out is not None:
+                        logits_out.append(self.ctx.logits(-1))
+                    token = sampler.sample(self.ctx.ptr, -1)
                 if self._is_eog(token):
                     break
                 finish = FinishReason.CANCELLED  # if the consumer stops at this yield
@@ -149,7 +160,15 @@ class KVMemSession:
                 if stats.generated_tokens == max_tokens or self.table.n_tokens + 1 >= self.n_ctx:
                     finish = FinishReason.LENGTH
                     break
-                self._decode([token], stats, gen_start=gen_start)
+                if queue:
+                    continue  # an accepted draft token: its cell is in the cache already
+                if self.spec is not None:
+                    left = -1 if max_tokens < 0 else max_tokens - stats.generated_tokens
+                    queue = self.spec.step(
+                        self, sampler, token, stats, gen_start, left, logits_out, self._is_eog
+                    )
+                else:
+                    self._decode([token], stats, gen_start=gen_start)
         except TurnCancelledError:
             finish = FinishReason.CANCELLED  # the GEN record says so; the caller sees the error
             raise
@@ -157,6 +176,8 @@ class KVMemSession:
             self._cancel = None
             sampler.close()
             self._spill_frontier(stats, len(prompt))
+            if self.ssm is not None:
+                self.ssm.take()  # the turn's end: where the next turn continues
             stats.decode_ms = 0.0 if t0 is None else (time.perf_counter() - t0) * 1e3
             self._end_turn(stats, finish)
 
@@ -203,6 +224,11 @@ class KVMemSession:
             finish=stats.finish_reason,
             cells=self.window.cells_used(),
             host_blocks=len(self.store),
+            **(
+                {"draft_n": stats.draft_n, "draft_accepted": stats.draft_n_accepted}
+                if self.spec is not None
+                else {}
+            ),
         )
 
     def _prefill(self, prompt: Sequence[int], given: PromptSpans, stats: TurnStats) -> None:
@@ -211,18 +237,25 @@ class KVMemSession:
         common = min(self.table.common_prefix(prompt), n - 1)
         reused = common if self.frontier is None else min(common, self.frontier)
         if reused < self.table.n_tokens:
+            if self.ssm is not None:  # back to a recurrent snapshot at or before the cut
+                reused = self.ssm.rewind_to(reused)
             self._truncate(reused, stats)
         self.frontier = None
         stats.cached_tokens = reused
         stats.reprocessed_tokens = common - reused
         spans = self._resolve_spans(given, n)
         wanted = self._capture_spans(spans, n)
+        if self.ssm is not None and self.config.enabled and n > self.config.budget:
+            bt, pin = self.table.block_tokens, self.config.query_pin_tokens
+            self.ssm.plan_prefill(reused, n, spans, pin, bt)
         suffix = list(prompt[reused:])
         stats.prefill_tokens = len(suffix)
         captured = self._decode(suffix, stats, capture=wanted, spans=spans)
         qvec = self._query_vectors(wanted, captured, prompt)
         if self.config.enabled:
             self._reselect(spans, qvec, n, stats)
+        if self.ssm is not None:
+            self.ssm.end_prefill()
         stats.prefill_ms = (time.perf_counter() - t0) * 1e3
         self.tracer.emit(
             TraceKind.PREFILL,
@@ -246,8 +279,7 @@ class KVMemSession:
         res = self.window.plan(spans, qvec, n, forced)
         self.window.apply(res, stats)
         if res.replay_from is not None:
-            self._replay(res.replay_from, stats)
-            self.frontier = res.replay_from
+            self.frontier = self._replay(res.replay_from, stats)
         elif not res.plan.fits:
             self.frontier = n  # what is generated now sees the chosen window
 
@@ -324,6 +356,8 @@ class KVMemSession:
                 if spans is not None
                 else self.chunk_tokens
             )
+            if self.ssm is not None and spans is not None:
+                size = self.ssm.chunk_size(pos, size)  # stop at a ReplaySSM snapshot point
             chunk = tokens[c0 : c0 + size]
             if gen_start is None and self._cancel is not None and self._cancel.is_set():
                 raise TurnCancelledError("the turn was cancelled during prompt processing")
@@ -342,6 +376,8 @@ class KVMemSession:
             if want_all_logits:
                 rows += [self.ctx.logits(i) for i in range(len(chunk))]
             self.window.append(chunk, stats)
+            if self.ssm is not None:
+                self.ssm.after_decode(self.table.n_tokens)
             c0 += len(chunk)
         if spans is not None:
             return {s: {k: np.concatenate(v) for k, v in d.items()} for s, d in captured.items()}
@@ -361,14 +397,18 @@ class KVMemSession:
             got = self.capture.disarm() if arm else {}
         return got
 
-    def _replay(self, start: int, stats: TurnStats) -> None:
-        """Re-decode the live tail from `start` against the window just applied."""
+    def _replay(self, start: int, stats: TurnStats) -> int:
+        """Re-decode the live tail from `start` against the window just applied; returns
+        where the replay started (on a hybrid: the ReplaySSM snapshot at or before it)."""
         t0 = time.perf_counter()
+        if self.ssm is not None:
+            start = self.ssm.rewind_to(start)
         tokens = list(self.table.tokens[start:])
         self.window.truncate(start, stats, keep_window=True)
         self._decode(tokens, stats)
         stats.replayed_tokens += len(tokens)
         stats.replay_ms += (time.perf_counter() - t0) * 1e3
+        return start
 
     def _truncate(self, n_keep: int, stats: TurnStats) -> None:
         """Forget history from `n_keep` on (a divergence, or the frontier)."""

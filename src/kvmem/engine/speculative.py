@@ -23,6 +23,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvmem.errors import DecodeError
 
 from .context import MAIN_SEQ, LlamaContext
@@ -73,9 +75,11 @@ def verify_draft(
     last_token: int,
     draft: Sequence[int],
     is_eog: Callable[[int], bool] | None = None,
+    rows_out: list[np.ndarray] | None = None,
 ) -> VerifyResult:
     """Decode `[last_token, *draft]` at `pos ..` in one batch, accept the longest agreeing
-    prefix of the draft, and remove the cells of the rejected rest (see the module doc)."""
+    prefix of the draft, and remove the cells of the rejected rest (see the module doc).
+    `rows_out` receives the logits row of every emitted token."""
     n = len(draft)
     if 1 + n > ctx.n_batch:
         raise DecodeError(f"a draft of {n} tokens does not fit the batch of {ctx.n_batch}")
@@ -86,6 +90,8 @@ def verify_draft(
         snapshot = snapshot_recurrent(ctx)
     ctx.decode([last_token, *draft], pos, [True] * (1 + n))
     result = accept_draft(ctx, sampler, draft, range(1 + n), eog)
+    if rows_out is not None:
+        rows_out.extend(ctx.logits(i) for i in range(len(result.tokens)))
     keep_end = pos + result.next_pos  # cells [pos, keep_end) stay
     if result.n_accepted < n:
         if snapshot is not None:

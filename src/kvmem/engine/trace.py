@@ -59,6 +59,8 @@ class TurnStats:
     spilled_blocks: int = 0
     evicted_blocks: int = 0
     truncated_tokens: int = 0
+    draft_n: int = 0  # speculative draft tokens verified
+    draft_n_accepted: int = 0  # of which accepted
     finish_reason: str = FinishReason.STOP.value
 
 
@@ -81,6 +83,8 @@ class EngineStats:
     reselect_ms: float = 0.0
     replayed_tokens: int = 0
     spilled_blocks: int = 0
+    draft_n: int = 0
+    draft_n_accepted: int = 0
     host_store_bytes: int = 0
     host_blocks: int = 0
     gpu_cells_used: int = 0

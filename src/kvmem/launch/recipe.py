@@ -177,6 +177,17 @@ def server_supports(flag: str) -> bool:
     return flag in build_server_parser()._option_string_actions
 
 
+def spec_supported(args: Sequence[str]) -> bool:
+    """Whether kvmem-server runs the `--spec-type` value in `args` (draft-mtp: not yet)."""
+    from kvmem.spec_config import SpecConfig, parse_spec_type
+
+    try:
+        SpecConfig(type=parse_spec_type(args[list(args).index("--spec-type") + 1])).validate()
+    except (ValueError, IndexError, ConfigError):
+        return False
+    return True
+
+
 def build_plan(recipe: Recipe, options: LaunchOptions, environ: Mapping[str, str]) -> Plan:
     used: dict[str, str] = {}
     model = _pick(options.model, environ, "MODEL", recipe.model, used)
@@ -231,7 +242,7 @@ def build_plan(recipe: Recipe, options: LaunchOptions, environ: Mapping[str, str
         )
     mtp: list[str] = []
     if recipe.mtp_args:
-        supported = server_supports(recipe.mtp_args[0])
+        supported = server_supports(recipe.mtp_args[0]) and spec_supported(recipe.mtp_args)
         has_head = geometry is not None and geometry.has_mtp_head
         if supported and has_head:
             mtp = list(recipe.mtp_args)
@@ -243,7 +254,7 @@ def build_plan(recipe: Recipe, options: LaunchOptions, environ: Mapping[str, str
             elif not has_head:
                 why.append("the model has no MTP head")
             if not supported:
-                why.append(f"kvmem-server does not support {recipe.mtp_args[0]} yet")
+                why.append(f"kvmem-server does not support {' '.join(recipe.mtp_args[:2])} yet")
             notes.append(f"MTP: off, dropping {' '.join(recipe.mtp_args)}: {'; '.join(why)}")
     argv = [sys.executable, "-m", SERVER_MODULE]
     if model:

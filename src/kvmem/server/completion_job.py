@@ -124,6 +124,8 @@ class CompletionJob:
             prefill_ms=stats.prefill_ms,
             decode_ms=stats.decode_ms,
         )
+        usage.memory.draft_n = getattr(stats, "draft_n", 0)  # timings.draft_n (--spec-type)
+        usage.memory.draft_n_accepted = getattr(stats, "draft_n_accepted", 0)
         yield CompletionDone(stop_type, stopping_word, usage, generated)
 
 

@@ -81,6 +81,20 @@ _ENGINE_METRICS: tuple[tuple[str, str, str, float, str], ...] = (
         "counter",
     ),
     (
+        "kvmem_draft_tokens_total",
+        "speculative draft tokens verified",
+        "draft_n",
+        1.0,
+        "counter",
+    ),
+    (
+        "kvmem_draft_accepted_tokens_total",
+        "speculative draft tokens accepted",
+        "draft_n_accepted",
+        1.0,
+        "counter",
+    ),
+    (
         "kvmem_host_store_bytes",
         "bytes held by the host block store",
         "host_store_bytes",

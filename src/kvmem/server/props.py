@@ -126,4 +126,5 @@ def props_body(
         **ui_props(settings),
         "auth": {"enabled": settings.api_keys.enabled},
         "kvmem": kvmem_body(settings),
+        "speculative": settings.engine.spec.describe(),
     }

@@ -61,6 +61,12 @@ def timings_body(usage: TurnUsage) -> dict[str, Any]:
         "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / steps if steps and predicted_ms > 0 else 0.0,
         "predicted_per_second": steps / (predicted_ms / 1e3) if steps and predicted_ms > 0 else 0.0,
+        # llama-server adds the draft counts when speculative decoding drafted
+        **(
+            {"draft_n": mem.draft_n, "draft_n_accepted": mem.draft_n_accepted}
+            if (mem := usage.memory).draft_n
+            else {}
+        ),
     }
 
 

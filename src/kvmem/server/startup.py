@@ -136,6 +136,7 @@ def ready_record(settings: ServerSettings, info: ModelInfoLike, stats: Any) -> d
         "gpu_cells": getattr(stats, "gpu_cells_max", None),
         "vision": False,
         "mtp": False,
+        "speculative": settings.engine.spec.describe(),
         "slots": 1,
         "queue_size": settings.queue_size,
     }

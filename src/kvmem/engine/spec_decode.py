@@ -1,0 +1,98 @@
+"""Speculative decoding inside a KVMem session's generate loop.
+
+Each step starts from the token just sampled (not yet decoded). The drafter proposes up
+to `--spec-draft-n-max` tokens (prompt lookup: memory.ngram_draft over the session's whole
+token history, host-store blocks included, since the history is the block table's tokens);
+the window makes room for the token first, exactly as plain decoding would (the ring
+spill frees this generation's oldest block when the reserve is full), and the draft is cut
+to the reserve's free cells (the reserve counts the draft rows), so every token sees the
+window it would see without drafts and greedy output is unchanged; the batch
+is verified in one decode (engine.speculative.verify_draft: the rejected cells are removed
+before anything is recorded, and on a hybrid memory the recurrent state folds in only the
+accepted tokens); then only the accepted tokens enter the block table, so a rejected draft
+cell is never harvested. A draft is cut so that it never runs past max_tokens or the
+context. Returned: the emitted tokens (the accepted drafts, already in the cache, then the
+next token, sampled but not decoded).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvmem.memory.ngram_draft import NgramDraftParams, draft_ngram
+from kvmem.spec_config import SpecConfig, SpecType
+
+from .sampler import Sampler
+from .speculative import verify_draft
+from .trace import TurnStats
+
+if TYPE_CHECKING:
+    from .session import KVMemSession
+
+logger = logging.getLogger(__name__)
+
+Drafter = Callable[[np.ndarray, int], list[int]]  # (history incl. the last token, n) -> draft
+
+
+class NgramDrafter:
+    """Prompt lookup over the session's history (llama.cpp `ngram-simple`)."""
+
+    def __init__(self, n_max: int) -> None:
+        self.params = NgramDraftParams(n_draft=n_max)
+
+    def __call__(self, history: np.ndarray, n: int) -> list[int]:
+        return draft_ngram(history, self.params)[:n]
+
+
+class SpecDecoder:
+    def __init__(self, config: SpecConfig, drafter: Drafter | None = None) -> None:
+        self.config = config
+        if drafter is None:
+            if config.type is not SpecType.NGRAM:
+                raise ValueError(f"no built-in drafter for {config.type.value}")
+            drafter = NgramDrafter(config.n_max)
+        self.drafter = drafter
+
+    def step(
+        self,
+        session: KVMemSession,
+        sampler: Sampler,
+        token: int,
+        stats: TurnStats,
+        gen_start: int,
+        left: int,
+        logits_out: list[np.ndarray] | None,
+        is_eog: Callable[[int], bool],
+    ) -> list[int]:
+        """One verification step from `token`; `left`: tokens the turn may still emit
+        (-1: no limit). Returns the emitted tokens (see the module doc)."""
+        table, window = session.table, session.window
+        pos = table.n_tokens
+        n = self.config.n_max
+        if left >= 0:
+            n = min(n, left - 1)  # the accepted drafts and the bonus token fit max_tokens
+        n = max(0, min(n, session.n_ctx - pos - 2, session.ctx.n_batch - 1))
+        if session.config.enabled:
+            # room for the token as plain decoding makes it (the same spill at the same
+            # token), then drafts only in the reserve's free cells: every token sees the
+            # window it would see without drafts
+            window.ensure_room(1, stats, gen_start)
+            n = max(0, min(n, window.capacity - window.cells_used() - 1))
+        draft: Sequence[int] = []
+        if n > 0:
+            history = np.append(table.token_array(), token)  # [n_tokens + 1]
+            draft = self.drafter(history, n)[:n]
+        window.note_decode()
+        result = verify_draft(session.ctx, sampler, pos, token, draft, is_eog, rows_out=logits_out)
+        window.append([token, *draft[: result.n_accepted]], stats)
+        stats.draft_n += result.n_drafted
+        stats.draft_n_accepted += result.n_accepted
+        return result.tokens
+
+
+def spec_decoder(config: SpecConfig) -> SpecDecoder | None:
+    return SpecDecoder(config) if config.enabled and config.type is SpecType.NGRAM else None

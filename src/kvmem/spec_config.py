@@ -1,0 +1,71 @@
+"""Speculative decoding settings (`--spec-type`, `--spec-draft-n-max`, `--spec-kv-dtype`).
+
+Names follow llama.cpp's common/speculative.cpp: `ngram-simple` is prompt lookup (drafts
+from n-gram matches in the session's own history; `draft-ngram` is accepted as an alias),
+`draft-mtp` drafts with the model's own MTP (nextn) layers. `none` turns drafting off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from kvmem.errors import ConfigError
+from kvmem.memory.ggml_types import GgmlType
+
+MAX_DRAFT = 16
+
+
+class SpecType(Enum):
+    NONE = "none"
+    NGRAM = "ngram-simple"
+    MTP = "draft-mtp"
+
+
+SPEC_TYPE_NAMES = {
+    "none": SpecType.NONE,
+    "ngram-simple": SpecType.NGRAM,
+    "draft-ngram": SpecType.NGRAM,
+    "draft-mtp": SpecType.MTP,
+}
+SPEC_KV_TYPES = {"f16": GgmlType.F16, "q8_0": GgmlType.Q8_0}
+
+
+def parse_spec_type(text: str) -> SpecType:
+    try:
+        return SPEC_TYPE_NAMES[text.strip().lower()]
+    except KeyError:
+        raise ConfigError(
+            "--spec-type", f"unknown type {text!r}: use one of {', '.join(SPEC_TYPE_NAMES)}"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class SpecConfig:
+    type: SpecType = SpecType.NONE
+    n_max: int = 3  # draft tokens per step at most
+    kv_type: GgmlType = GgmlType.F16  # the draft's KV cache type (draft-mtp)
+
+    @property
+    def enabled(self) -> bool:
+        return self.type is not SpecType.NONE
+
+    def validate(self) -> None:
+        if self.type is SpecType.MTP:
+            raise ConfigError(
+                "--spec-type",
+                "draft-mtp is not available in this build: the MTP draft path (nextn layers) "
+                "is not wired into the session yet; use ngram-simple (docs/server.md)",
+            )
+        if not 1 <= self.n_max <= MAX_DRAFT:
+            raise ConfigError("--spec-draft-n-max", f"must be in 1..{MAX_DRAFT}, got {self.n_max}")
+        if self.kv_type not in SPEC_KV_TYPES.values():
+            raise ConfigError("--spec-kv-dtype", f"use f16 or q8_0, got {self.kv_type.label}")
+
+    def describe(self) -> dict[str, object]:
+        """The speculative state for /props and the startup record."""
+        return {
+            "type": self.type.value,
+            "n_max": self.n_max if self.enabled else 0,
+            "kv_type": self.kv_type.label if self.type is SpecType.MTP else None,
+        }
