@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         needle,
         summarize,
         synth_cli,
+        synth_mmproj_cli,
         tools_bench,
     )
 
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (
         synth_cli,
+        synth_mmproj_cli,
         needle,
         fidelity,
         agent,
