@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader, GGUFWriter
+from gguf import GGUFWriter
 
 from kvmem.errors import ConfigError
 
@@ -133,16 +133,3 @@ def write_mmproj(path: Path, shape: MmprojShape, *, seed: int = 0) -> Path:
     writer.close()
     logger.info("wrote projector %s (%d rows per image)", path, shape.n_patches)
     return path
-
-
-def mmproj_text_embd(path: Path) -> int:
-    """The text-embedding size a projector GGUF feeds (its final MLP layer's output width),
-    read from the file's metadata without loading it into llama.cpp."""
-    reader = GGUFReader(str(path))
-    for tensor in reader.tensors:
-        if tensor.name == "mm.2.weight":
-            return int(tensor.shape[1])
-    field = reader.get_field("clip.vision.projection_dim")
-    if field is None:
-        raise ValueError(f"{path}: no projector output size (mm.2.weight or projection_dim)")
-    return int(field.contents())
