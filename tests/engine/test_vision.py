@@ -93,3 +93,65 @@ def test_different_images_get_different_rows(engine):
     a, b = _items(engine, _image(3)), _items(engine, _image(4))
     assert len(a) == len(b) == SHAPE.n_patches
     assert not set(a) & set(b)
+
+
+# --- an image early in a conversation over budget -----------------------------------------
+
+BIG = MmprojShape(image_size=96, patch_size=8)  # 144 rows: blocks of 32 split it in 5-6
+
+
+def _records(trace, kind: str) -> list[dict[str, set[int] | str]]:
+    out = []
+    for line in trace.getvalue().splitlines():
+        if line.startswith(f"KVMEM_{kind} "):
+            fields = dict(p.split("=", 1) for p in line.split()[1:])
+            out.append(fields)
+    return out
+
+
+def _ids(value: str) -> set[int]:
+    return set() if value == "-" else {int(v) for v in value.split(",")}
+
+
+def test_image_group_is_evicted_and_restored_whole(smollm2_path, tmp_path):
+    import io
+
+    from kvmem.memory.spans import PromptSpans, TokenSpan
+
+    mm = str(write_mmproj(tmp_path / "big.gguf", BIG))
+    trace = io.StringIO()
+    kv = KVMemConfig(budget=384, gen_reserve=64, block_tokens=32, trace=True)
+    engine = make_engine(smollm2_path, kvmem=kv, trace=trace)
+    settings = replace(engine.settings, vision=VisionSettings(mm, offload=False, n_threads=2))
+    engine.close()
+    engine = Engine(settings, trace_stream=trace)
+    try:
+        head = engine.tokenize("Here is a note. " * 12 + "An early picture:", add_special=True)
+        image = _items(engine, _image(5))
+        assert len(image) == BIG.n_patches == 144
+        group = TokenSpan(len(head), len(head) + len(image))
+        blocks = set(group.blocks(32))
+        filler = engine.tokenize(" The grass is green and the sky is blue." * 50)
+        question = engine.tokenize(" What was in the picture?")
+        prompt = head + image + filler + question
+        query = TokenSpan(len(prompt) - len(question), len(prompt))
+        spans = PromptSpans(query=query, live=query, groups=(group,))
+        list(engine.generate(prompt, query=spans, sampling=GREEDY, max_tokens=4))
+        streams = _records(trace, "STREAM")
+        evicted = [_ids(r["evict"]) & blocks for r in streams]
+        assert blocks in evicted  # the prefill stream dropped the image, all of it at once
+        assert all(e in (set(), blocks) for e in evicted)
+        assert all(_ids(r["stage_in"]) & blocks in (set(), blocks) for r in streams)
+        reselect = _records(trace, "RESELECT")[-1]
+        assert _ids(reselect["image"]) == blocks  # the latest image is back, whole
+        plan = engine.session.last_plan
+        assert blocks <= set(plan.selected) and blocks <= set(plan.stage_in)
+        # the next turn reuses the image's KV like text
+        out = engine.session.tokens[len(prompt) :]
+        nxt = prompt + out + engine.tokenize(" Tell me more.")
+        q2 = TokenSpan(len(nxt) - 4, len(nxt))
+        spans2 = PromptSpans(query=q2, live=q2, groups=(group,))
+        list(engine.generate(nxt, query=spans2, sampling=GREEDY, max_tokens=2))
+        assert engine.last_turn.cached_tokens >= group.end
+    finally:
+        engine.close()

@@ -222,6 +222,7 @@ def tokenize_prompt(engine: ChatEngine, rendered: RenderedPrompt) -> PromptToken
         query=query,
         trajectory=TokenSpan(query.end, n) if query and rendered.has_trajectory else None,
         live=TokenSpan(live, n) if live is not None and live < n else None,
+        groups=tuple(images.groups),
     )
     return PromptTokens(tokens, query, rendered.text, rendered.opens_reasoning, spans)
 
@@ -249,6 +250,7 @@ class _ImageCursor:
     def __init__(self, engine: ChatEngine, rendered: RenderedPrompt) -> None:
         self.engine, self.images, self.marker = engine, rendered.images, rendered.image_marker
         self.used = 0
+        self.groups: list[TokenSpan] = []  # each image's items in the prompt
 
     def plain(self, text: str, start: int, end: int, tokens: list[int]) -> list[_Piece]:
         if not self.images:
@@ -264,12 +266,15 @@ class _ImageCursor:
             if at == end:
                 break
             if self.used == len(self.images):
-                raise InvalidRequestError("the rendered prompt has more images than sent", "messages")
+                raise InvalidRequestError(
+                    "the rendered prompt has more images than sent", "messages"
+                )
             image = self.images[self.used]
             self.used += 1
             items = self.engine.image_items(image.digest, image.width, image.height, image.rgb)
             stop = at + len(self.marker)
             pieces.append(_Piece(at, stop, len(tokens), len(tokens) + len(items), True))
+            self.groups.append(TokenSpan(len(tokens), len(tokens) + len(items)))
             tokens += items
             pos = stop
         return pieces
