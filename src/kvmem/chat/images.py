@@ -151,9 +151,7 @@ def decode_image(data: bytes, limits: ImageLimits, where: str) -> PromptImage:
     except InvalidRequestError:
         raise
     except UnidentifiedImageError:
-        raise InvalidRequestError(
-            f"{where} is not a PNG, JPEG, WebP or GIF image", where
-        ) from None
+        raise InvalidRequestError(f"{where} is not a PNG, JPEG, WebP or GIF image", where) from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise InvalidRequestError(f"{where}: the image has too many pixels", where) from None
     except (OSError, ValueError, SyntaxError, EOFError):

@@ -49,9 +49,7 @@ def last_user_index(messages: list[dict[str, Any]]) -> int | None:
     return None
 
 
-def _message(
-    raw: Any, where: str, vision: bool, images: ImageCollector | None
-) -> dict[str, Any]:
+def _message(raw: Any, where: str, vision: bool, images: ImageCollector | None) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise InvalidRequestError(f"{where} must be an object", where)
     role_name = raw.get("role")
