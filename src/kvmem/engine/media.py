@@ -3,16 +3,18 @@ hash, and the stand-in token ids that put an image's embedding rows into a promp
 
 An encoded image is a short sequence of items: the text tokens its projector wraps it in
 (none for a llava-style projector) and one stand-in id per embedding row. A stand-in is a
-negative number, -(1 + slot * ROW_SPAN + row), where the slot is given to each distinct
-image (by the SHA-256 of its pixels) the first time it is seen. The same image therefore
-gets the same ids in every turn, so the token history's prefix matching reuses its KV like
-text, and `media_prefill` turns the ids back into embedding rows when they are decoded.
+negative number, -(1 + slot * ROW_SPAN + row), where the slot comes from the SHA-256 of
+the image's pixels (the next free slot on a collision). The same image therefore gets the
+same ids in every turn, and after a restart too (a stored session's history), so the token
+history's prefix matching reuses its KV like text; `media_prefill` turns the ids back into
+embedding rows when they are decoded.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -88,7 +90,6 @@ class VisionProjector:
         self.marker = mtmd.mtmd_default_marker().decode()
         self._images: collections.OrderedDict[str, EncodedImage] = collections.OrderedDict()
         self._by_slot: dict[int, EncodedImage] = {}
-        self._next_slot = 0
         self.encoded = 0  # images run through the encoder (cache misses)
         self.encode_ms = 0.0
 
@@ -105,7 +106,7 @@ class VisionProjector:
         items_raw, rows = self._run(digest, width, height, rgb)
         if len(rows) > ROW_SPAN:
             raise InvalidRequestError(f"an image may have at most {ROW_SPAN} rows", "messages")
-        slot = self._take_slot()
+        slot = self._take_slot(digest)
         items = [-(1 + slot * ROW_SPAN + int(r)) if is_row else int(r) for is_row, r in items_raw]
         ms = (time.perf_counter() - t0) * 1e3
         image = EncodedImage(digest, slot, items, rows, ms)
@@ -168,13 +169,14 @@ class VisionProjector:
         rows = np.concatenate(parts) if parts else np.zeros((0, n_embd), np.float32)
         return items, rows
 
-    def _take_slot(self) -> int:
-        slot = self._next_slot
-        self._next_slot = (self._next_slot + 1) % _SLOTS
-        stale = self._by_slot.pop(slot, None)
-        if stale is not None:
-            self._images.pop(stale.digest, None)
-        return slot
+    def _take_slot(self, digest: str) -> int:
+        """The digest's own slot, or the next one a different cached image does not hold."""
+        slot = int(hashlib.sha256(digest.encode()).hexdigest()[:12], 16) % _SLOTS
+        for _ in range(_SLOTS):
+            if slot not in self._by_slot:
+                return slot
+            slot = (slot + 1) % _SLOTS
+        raise InvalidRequestError("too many images are cached", "messages")
 
     def _trim(self) -> None:
         """Drop least-recently used images past the cache budget (never the newest)."""
