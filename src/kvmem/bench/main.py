@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         synth_cli,
         synth_mmproj_cli,
         tools_bench,
+        vision_bench,
     )
 
     parser = argparse.ArgumentParser(
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         models_cli,
         lookup_drafts,
         summarize,
+        vision_bench,
     ):
         module.add_parser(subparsers)
     return parser
