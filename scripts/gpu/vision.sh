@@ -4,7 +4,7 @@
 # The projector is the random-weight one of `kvmem-bench synth-mmproj`, matched to the
 # model (CLIP-like 336 px / 14 px patches: 576 rows per image): the numbers are the
 # mechanics' cost, not a real vision model's. Model: Qwen2.5-Coder-0.5B ($QWEN_GGUF).
-# Writes "$OUT"/vision.json. CPU-sized check: CONTEXT=1024 GEN=16 bash scripts/gpu/vision.sh
+# Writes "$OUT"/vision.json. CPU-sized check: CONTEXT=256 GEN=4 THREADS=2 bash scripts/gpu/vision.sh
 set -euo pipefail
 OUT="${OUT:-/tmp/kvmem-gpu-out}"
 MODEL="${QWEN_GGUF:-}"
@@ -19,7 +19,7 @@ args=(vision --context "$CONTEXT" --gen "$GEN" --images 3 --json-out "$OUT")
 echo "== kvmem-bench ${args[*]}"
 "$PY" -m kvmem.bench.main "${args[@]}" 2> "$OUT/vision.log" || { tail -40 "$OUT/vision.log"; exit 1; }
 echo "== projector on the CPU (--no-mmproj-offload), encode only"
-"$PY" -m kvmem.bench.main vision --context 2048 --gen 8 --images 3 --no-mmproj-offload \
+"$PY" -m kvmem.bench.main vision --context "$(( CONTEXT < 2048 ? CONTEXT : 2048 ))" --gen 8 --images 3 --no-mmproj-offload \
   ${MODEL:+--model "$MODEL"} --json-out "$OUT/cpu-projector" 2>> "$OUT/vision.log" \
   || { tail -40 "$OUT/vision.log"; exit 1; }
 echo "wrote $OUT/vision.json and $OUT/cpu-projector/vision.json"
