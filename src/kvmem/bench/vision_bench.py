@@ -27,6 +27,7 @@ from kvmem.config import KVMemConfig
 from kvmem.engine import Engine, EngineSettings, SamplingParams, resolve_model_path
 from kvmem.engine.media import VisionSettings
 from kvmem.engine.mmproj_meta import model_embd
+from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def run(ns: argparse.Namespace) -> int:
             n_threads=ns.threads,
             n_threads_batch=ns.threads,
             n_gpu_layers=ns.gpu_layers,
-            kvmem=KVMemConfig(budget=ns.context, gen_reserve=max(128, ns.gen)),
+            kvmem=KVMemConfig(budget=max(512, ns.context), gen_reserve=max(128, ns.gen)),
             vision=VisionSettings(
                 mmproj, offload=not ns.no_mmproj_offload, n_threads=ns.threads or 4
             ),
@@ -119,6 +120,10 @@ def _measure(engine: Engine, ns: argparse.Namespace) -> dict:
         encode_ms.append(round((time.perf_counter() - t0) * 1e3, 1))
     n_vocab = engine.info.n_vocab
     n_prompt = ns.context - ns.gen - 1
+    if len(items) + 32 > n_prompt:
+        raise ConfigError(
+            "--context", f"{ns.context} leaves no room for an image of {len(items)} rows"
+        )
     rng = np.random.default_rng(7)
     text = [int(t) for t in rng.integers(100, n_vocab, n_prompt)]
     if engine.info.add_bos:
