@@ -3,7 +3,9 @@ metadata (memory-mapped by the gguf package) before llama.cpp loads any weights.
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
+from typing import BinaryIO
 
 from gguf import GGUFReader
 
@@ -28,9 +30,9 @@ def _field(reader: GGUFReader, key: str):
 def projector_text_embd(path: str) -> int:
     """The text-embedding size the projector at `path` produces (ConfigError if it is
     not a vision projector)."""
-    reader = _reader(path, "--mmproj")
-    if _field(reader, "general.architecture") != "clip":
+    if _header(path, "--mmproj")[0] != "clip":  # before parsing a whole model's metadata
         raise ConfigError("--mmproj", f"{path} is not a multimodal projector (clip) GGUF")
+    reader = _reader(path, "--mmproj")
     if not _field(reader, "clip.has_vision_encoder"):
         raise ConfigError("--mmproj", f"{path} has no vision encoder")
     for tensor in reader.tensors:
@@ -43,13 +45,84 @@ def projector_text_embd(path: str) -> int:
 
 
 def model_embd(path: str) -> int:
-    """The text model's embedding size (`<arch>.embedding_length`)."""
-    reader = _reader(path, "--model")
-    arch = _field(reader, "general.architecture")
-    value = _field(reader, f"{arch}.embedding_length")
+    """The text model's embedding size (`<arch>.embedding_length`), read from the header
+    alone: the metadata is scanned up to that key, never the tokenizer's arrays after it."""
+    _arch, value = _header(path, "--model")
     if value is None:
         raise ConfigError("--model", f"{path} does not say its embedding size")
-    return int(value)
+    return value
+
+
+# GGUF value types -> struct formats of the scalars (8: string, 9: array)
+_SCALARS = {
+    0: "B",
+    1: "b",
+    2: "H",
+    3: "h",
+    4: "I",
+    5: "i",
+    6: "f",
+    7: "?",
+    10: "Q",
+    11: "q",
+    12: "d",
+}
+
+
+def _read(f: BinaryIO, fmt: str):
+    size = struct.calcsize("<" + fmt)
+    data = f.read(size)
+    if len(data) != size:
+        raise ValueError("truncated header")
+    return struct.unpack("<" + fmt, data)[0]
+
+
+def _string(f: BinaryIO) -> str:
+    n = _read(f, "Q")
+    if n > 1 << 20:
+        raise ValueError("implausible string length")
+    return f.read(n).decode("utf-8", "replace")
+
+
+def _skip(f: BinaryIO, kind: int) -> None:
+    if kind in _SCALARS:
+        f.seek(struct.calcsize("<" + _SCALARS[kind]), 1)
+    elif kind == 8:
+        f.seek(_read(f, "Q"), 1)
+    elif kind == 9:
+        item, n = _read(f, "I"), _read(f, "Q")
+        if item in _SCALARS:
+            f.seek(n * struct.calcsize("<" + _SCALARS[item]), 1)
+        else:
+            for _ in range(n):
+                _skip(f, item)
+    else:
+        raise ValueError(f"unknown GGUF value type {kind}")
+
+
+def _header(path: str, flag: str) -> tuple[str | None, int | None]:
+    """(general.architecture, <arch>.embedding_length) from the header of `path`."""
+    try:
+        with open(path, "rb") as f:
+            return _scan(f)
+    except (OSError, ValueError, struct.error) as exc:
+        raise ConfigError(flag, f"{path} is not a readable GGUF file: {exc}") from None
+
+
+def _scan(f: BinaryIO) -> tuple[str | None, int | None]:
+    if f.read(4) != b"GGUF" or _read(f, "I") < 2:
+        raise ValueError("not a GGUF v2+ file")
+    _read(f, "Q")  # tensors
+    arch: str | None = None
+    for _ in range(_read(f, "Q")):
+        key, kind = _string(f), _read(f, "I")
+        if key == "general.architecture" and kind == 8:
+            arch = _string(f)
+        elif arch is not None and key == f"{arch}.embedding_length" and kind in _SCALARS:
+            return arch, int(_read(f, _SCALARS[kind]))
+        else:
+            _skip(f, kind)
+    return arch, None
 
 
 def check_projector(mmproj: str, model_path: str) -> int:
