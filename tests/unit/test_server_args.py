@@ -286,11 +286,8 @@ def test_file_checks(tmp_path: Path, gguf: str) -> None:
     assert (s.chat_template, s.chat_template_origin) == (good.read_text(), str(good))
     with pytest.raises(ConfigError, match="either --chat-template or --chat-template-file"):
         load("--chat-template", "chatml", "--chat-template-file", str(good))
-    settings, warnings = load_server_settings(["--mmproj", gguf], {})
-    assert settings.mmproj == gguf
-    assert warnings == [
-        "--mmproj: the engine has no vision support yet; requests with images will be rejected"
-    ]
+    with pytest.raises(ConfigError, match="--mmproj: .* is not a readable GGUF file"):
+        load("--mmproj", gguf)  # the projector itself: tests/unit/test_vision_flags.py
 
 
 def test_thinking_flags_become_template_defaults() -> None:

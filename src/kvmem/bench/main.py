@@ -27,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
         needle,
         summarize,
         synth_cli,
+        synth_mmproj_cli,
         tools_bench,
+        vision_bench,
     )
 
     parser = argparse.ArgumentParser(
@@ -44,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (
         synth_cli,
+        synth_mmproj_cli,
         needle,
         fidelity,
         agent,
@@ -52,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         models_cli,
         lookup_drafts,
         summarize,
+        vision_bench,
     ):
         module.add_parser(subparsers)
     return parser

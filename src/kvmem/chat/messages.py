@@ -14,6 +14,7 @@ import re
 from enum import Enum
 from typing import Any
 
+from kvmem.chat.images import ImageCollector
 from kvmem.errors import InvalidRequestError
 
 
@@ -28,13 +29,16 @@ class Role(Enum):
 _DATA_URL = re.compile(r"^data:image/(png|jpeg|jpg|gif|webp|bmp);base64,([A-Za-z0-9+/=\s]+)$", re.I)
 
 
-def normalize_messages(raw: Any, *, vision: bool = False) -> list[dict[str, Any]]:
-    """Validate `messages` and return template-ready copies."""
+def normalize_messages(
+    raw: Any, *, vision: bool = False, images: ImageCollector | None = None
+) -> list[dict[str, Any]]:
+    """Validate `messages` and return template-ready copies. With `images` (a projector is
+    loaded) each image part is decoded into it and its marker stands in the content."""
     if not isinstance(raw, list):
         raise InvalidRequestError("'messages' must be an array", "messages")
     if not raw:
         raise InvalidRequestError("'messages' must contain at least one message", "messages")
-    return [_message(m, f"messages[{i}]", vision) for i, m in enumerate(raw)]
+    return [_message(m, f"messages[{i}]", vision, images) for i, m in enumerate(raw)]
 
 
 def last_user_index(messages: list[dict[str, Any]]) -> int | None:
@@ -45,7 +49,7 @@ def last_user_index(messages: list[dict[str, Any]]) -> int | None:
     return None
 
 
-def _message(raw: Any, where: str, vision: bool) -> dict[str, Any]:
+def _message(raw: Any, where: str, vision: bool, images: ImageCollector | None) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise InvalidRequestError(f"{where} must be an object", where)
     role_name = raw.get("role")
@@ -65,7 +69,7 @@ def _message(raw: Any, where: str, vision: bool) -> dict[str, Any]:
     content = raw.get("content")
     if content is None and role is not Role.ASSISTANT:
         raise InvalidRequestError(f"{where}.content is required", f"{where}.content")
-    out["content"] = _content(content, f"{where}.content", vision)
+    out["content"] = _content(content, f"{where}.content", vision, images)
     if role is Role.ASSISTANT and content is None and not has_calls:
         out["content"] = ""
     for key in ("name", "tool_call_id", "reasoning_content"):
@@ -78,7 +82,7 @@ def _message(raw: Any, where: str, vision: bool) -> dict[str, Any]:
     return out
 
 
-def _content(content: Any, where: str, vision: bool) -> str:
+def _content(content: Any, where: str, vision: bool, images: ImageCollector | None) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -94,6 +98,8 @@ def _content(content: Any, where: str, vision: bool) -> str:
             if not isinstance(part.get("text"), str):
                 raise InvalidRequestError(f"{at}.text must be a string", f"{at}.text")
             texts.append(part["text"])
+        elif part["type"] == "image_url" and images is not None:
+            texts.append(images.add(part.get("image_url"), f"{at}.image_url"))
         elif part["type"] == "image_url":
             _check_image(part.get("image_url"), f"{at}.image_url")
             if not vision:

@@ -22,12 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvmem.chat.images import PromptImage
 from kvmem.chat.markup import markup_spans, special_pattern
 from kvmem.chat.messages import last_user_index, normalize_messages
 from kvmem.chat.protocol import ChatEngine
 from kvmem.chat.reasoning import prompt_opens_reasoning
 from kvmem.chat.template import ChatTemplate
-from kvmem.errors import TemplateError
+from kvmem.errors import InvalidRequestError, TemplateError
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ class RenderedPrompt:
     live_start: int | None = None  # the last message's text starts here
     has_trajectory: bool = False  # messages follow the last user message
     markup: tuple[tuple[int, int], ...] = ()  # the template's control tokens in `text`
+    images: tuple[PromptImage, ...] = ()  # in order; each is `image_marker` in `text`
+    image_marker: str = ""
 
 
 @dataclass(slots=True)
@@ -190,17 +193,19 @@ def tokenize_prompt(engine: ChatEngine, rendered: RenderedPrompt) -> PromptToken
     tokens = [info.bos_token_id] if info.add_bos else []
     pieces: list[_Piece] = []
     pos = shift
+    images = _ImageCursor(engine, rendered)
     for start, end in rendered.markup:
         if start < pos:
             continue
         if start > pos:
-            pieces.append(_plain(engine, text, pos, start, tokens))
+            pieces += images.plain(text, pos, start, tokens)
         special = engine.tokenize(text[start:end], add_special=False, parse_special=True)
         pieces.append(_Piece(start, end, len(tokens), len(tokens) + len(special), True))
         tokens += special
         pos = end
     if pos < len(text):
-        pieces.append(_plain(engine, text, pos, len(text), tokens))
+        pieces += images.plain(text, pos, len(text), tokens)
+    images.check_done()
     n = len(tokens)
 
     def token_at(char: int | None) -> int | None:
@@ -217,6 +222,7 @@ def tokenize_prompt(engine: ChatEngine, rendered: RenderedPrompt) -> PromptToken
         query=query,
         trajectory=TokenSpan(query.end, n) if query and rendered.has_trajectory else None,
         live=TokenSpan(live, n) if live is not None and live < n else None,
+        groups=tuple(images.groups),
     )
     return PromptTokens(tokens, query, rendered.text, rendered.opens_reasoning, spans)
 
@@ -235,6 +241,51 @@ def _plain(engine: ChatEngine, text: str, start: int, end: int, tokens: list[int
     piece = _Piece(start, end, len(tokens), len(tokens) + len(part), False)
     tokens += part
     return piece
+
+
+class _ImageCursor:
+    """Plain text with image markers: the text between them tokenized as plain text, each
+    marker replaced by the next image's items (its rows' stand-ins), a special piece."""
+
+    def __init__(self, engine: ChatEngine, rendered: RenderedPrompt) -> None:
+        self.engine, self.images, self.marker = engine, rendered.images, rendered.image_marker
+        self.used = 0
+        self.groups: list[TokenSpan] = []  # each image's items in the prompt
+
+    def plain(self, text: str, start: int, end: int, tokens: list[int]) -> list[_Piece]:
+        if not self.images:
+            return [_plain(self.engine, text, start, end, tokens)]
+        pieces: list[_Piece] = []
+        pos = start
+        while pos < end:
+            at = text.find(self.marker, pos, end)
+            if at < 0:
+                at = end
+            if at > pos:
+                pieces.append(_plain(self.engine, text, pos, at, tokens))
+            if at == end:
+                break
+            if self.used == len(self.images):
+                raise InvalidRequestError(
+                    "the rendered prompt has more images than sent", "messages"
+                )
+            image = self.images[self.used]
+            self.used += 1
+            items = self.engine.image_items(image.digest, image.width, image.height, image.rgb)
+            stop = at + len(self.marker)
+            pieces.append(_Piece(at, stop, len(tokens), len(tokens) + len(items), True))
+            self.groups.append(TokenSpan(len(tokens), len(tokens) + len(items)))
+            tokens += items
+            pos = stop
+        return pieces
+
+    def check_done(self) -> None:
+        if self.used != len(self.images):
+            raise InvalidRequestError(
+                f"the chat template placed {self.used} of the {len(self.images)} images "
+                "(images are only supported where the template renders the message content)",
+                "messages",
+            )
 
 
 def _token_at(

@@ -64,7 +64,7 @@ REJECTED_FLAGS: tuple[CompatFlag, ...] = (
       "saving and restoring slots is not supported yet (the KVMem session lives in memory)", True),
     C(("--sleep-idle-seconds",), "idle sleep is not supported", True),
     C(("--cache-ram",), "the host prompt cache is KVMem's; size it with --kvmem-* flags", True),
-    C(("--mmproj-url", "--media-path"), "kvmem-server has no vision support yet", True),
+    C(("--mmproj-url",), "projectors are not downloaded: pass a local --mmproj file", True),
     C(("--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json"),
       "built-in tools and MCP servers are not offered: the client executes tools", True),
     C(("--ui-mcp-proxy",), "the MCP proxy is not offered"),

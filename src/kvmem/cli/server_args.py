@@ -86,6 +86,12 @@ SERVER_FLAGS: tuple[FlagSpec, ...] = (
       "LLAMA_ARG_MMPROJ_OFFLOAD", negative=("--no-mmproj-offload",)),
     F(("--image-max-tokens",), "image_max_tokens", "max tokens per image", t.positive_int, None,
       "LLAMA_ARG_IMAGE_MAX_TOKENS", metavar="N", shown_default="the projector's"),
+    # -- vision (issue 12): with -mm/--mmproj/--mmproj-offload/--image-max-tokens above --
+    F(("--image-min-tokens",), "image_min_tokens", "min tokens per image", t.positive_int, None,
+      "LLAMA_ARG_IMAGE_MIN_TOKENS", metavar="N", shown_default="the projector's"),
+    F(("--media-path",), "media_path", "directory file:// image URLs may be read from",
+      t.non_empty, None, "LLAMA_ARG_MEDIA_PATH", metavar="DIR", shown_default="none"),
+    # -- end vision --
     F(("--chat-template",), "chat_template", "Jinja chat template (inline source or 'chatml')",
       t.non_empty, None, "LLAMA_ARG_CHAT_TEMPLATE", metavar="JINJA", shown_default="the GGUF's"),
     F(("--chat-template-file",), "chat_template_file", "file holding a Jinja chat template",

@@ -18,6 +18,7 @@ from kvmem.cli.arg_types import FlashAttn, SplitMode
 from kvmem.cli.kvmem_flags import kvmem_config_from_args
 from kvmem.cli.server_args import ParsedArgs, parse_server_argv
 from kvmem.cli.spec_flags import spec_config_from_args
+from kvmem.cli.vision_config import vision_from_values
 from kvmem.engine import EngineSettings, SamplingParams
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
@@ -111,9 +112,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         check_gguf_file(model, "--model")
     if v["mmproj"] is not None:
         check_gguf_file(str(v["mmproj"]), "--mmproj")
-        parsed.warnings.append(
-            "--mmproj: the engine has no vision support yet; requests with images will be rejected"
-        )
+    vision = vision_from_values(v, model)  # vision (issue 12): checked before weights load
     template, origin = _template(v)
     keys = collect_api_keys(
         parsed.env_api_keys + v["api_key"], parsed.env_api_key_files + v["api_key_file"]
@@ -144,6 +143,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         kvmem=flags.kvmem,
         seed=v["seed"],
         spec=spec_config_from_args(parsed.namespace),  # --spec-* (cli/spec_flags.py)
+        vision=vision,
     )
     engine.validate()
     enable = v["reasoning"] if v["reasoning"] is not None else v["enable_thinking"]
@@ -189,6 +189,8 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         mmproj=v["mmproj"],
         mmproj_offload=bool(v["mmproj_offload"]),
         image_max_tokens=v["image_max_tokens"],
+        image_min_tokens=v["image_min_tokens"],
+        media_path=v["media_path"],
         devices=v["device"],
         split_mode=v["split_mode"].value,
         main_gpu=int(v["main_gpu"]),

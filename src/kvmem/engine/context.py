@@ -15,6 +15,7 @@ from kvmem.errors import DecodeError, KVTransferError, ModelLoadError
 from kvmem.memory.ggml_types import GgmlType
 
 from .host_staging import StagingBuffer
+from .media_prefill import decode_mixed, has_standins
 from .model import LlamaModel
 
 logger = logging.getLogger(__name__)
@@ -109,10 +110,15 @@ class LlamaContext:
         self.mem = llama_cpp.llama_get_memory(ptr)
         self.n_rs_seq = llama_cpp.llama_n_rs_seq(ptr)  # 0 where the model cannot roll back
         self._batch = Batch(self.n_batch)
+        self.vision = None  # a media.VisionProjector: decodes image stand-in ids
+        self.embd_batch = None  # media_prefill.EmbdBatch, made on the first image
 
     # decoding --------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int], start_pos: int, logits: Sequence[bool]) -> None:
         """Decode `tokens` at positions start_pos.. on the main sequence."""
+        if self.vision is not None and has_standins(tokens):
+            decode_mixed(self, tokens, start_pos, logits)  # image rows among the tokens
+            return
         self._batch.fill(tokens, start_pos, logits)
         rc = llama_cpp.llama_decode(self.ptr, self._batch.raw)
         if rc != 0:
@@ -174,6 +180,8 @@ class LlamaContext:
     def close(self) -> None:
         if self.ptr:
             self._batch.free()
+            if self.embd_batch is not None:
+                self.embd_batch.free()
             llama_cpp.llama_free(self.ptr)
             self.ptr = None
 

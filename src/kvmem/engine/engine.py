@@ -15,7 +15,7 @@ import llama_cpp
 import numpy as np
 
 from kvmem.config import KVCacheTypes, KVMemConfig
-from kvmem.errors import ConfigError
+from kvmem.errors import ConfigError, InvalidRequestError
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.rope import k_rotation_size
@@ -27,6 +27,7 @@ from .context import ContextSettings, LlamaContext
 from .conversations import ConversationPool
 from .kv_transfer import STAGING_BYTES
 from .llama_lib import ggml_base
+from .media import VisionProjector, VisionSettings
 from .model import LlamaModel, ModelInfo, resolve_model_path
 from .query_capture import QueryCapture
 from .sampler import Sampler, SamplingParams
@@ -57,6 +58,7 @@ class EngineSettings:
     eval_gate: bool = True  # the native gate in front of the eval callback (eval_gate.py)
     staging_bytes: int = STAGING_BYTES  # reused blob buffer of harvest/restore; 0 = none
     spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding
+    vision: VisionSettings | None = None  # --mmproj: images through mtmd
 
     def validate(self) -> None:
         if self.n_ctx < 0:
@@ -109,6 +111,10 @@ class Engine:
             capture.callback if capture else None,
             capture.user_data if capture else None,
         )
+        self.vision: VisionProjector | None = None
+        if settings.vision is not None:
+            self.vision = VisionProjector(self.model, settings.vision)
+            self.ctx.vision = self.vision  # decodes the image rows of a prompt
         self.session = KVMemSession(
             self.ctx,
             kv,
@@ -221,6 +227,15 @@ class Engine:
         self, text: str, *, add_special: bool = False, parse_special: bool = True
     ) -> list[int]:
         return self.model.tokenize(text, add_special, parse_special)
+
+    def image_items(self, digest: str, width: int, height: int, rgb: bytes) -> list[int]:
+        """An RGB image's prompt items (text ids and image-row stand-ins), encoded once per
+        content hash `digest`; InvalidRequestError without a projector."""
+        if self.vision is None:
+            raise InvalidRequestError(
+                "image input is not supported: no vision projector is loaded", "messages"
+            )
+        return list(self.vision.encode(digest, width, height, rgb).items)
 
     def check_grammar(self, grammar: str) -> None:
         """InvalidRequestError(param=grammar) unless llama.cpp parses `grammar`."""
@@ -372,6 +387,8 @@ class Engine:
             self.session.index.close()
         self.session.transfer.close()  # the pinned staging buffer
         self.ctx.close()
+        if self.vision is not None:
+            self.vision.close()
         self.model.close()
 
 

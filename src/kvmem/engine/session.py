@@ -295,7 +295,9 @@ class KVMemSession:
         spans = given.clipped(n)
         tail = TokenSpan(max(0, n - self.config.query_max_tokens), n)
         if self.config.query_policy is QueryPolicy.TAIL or spans.query is None:
-            return PromptSpans(spans.control, tail, spans.trajectory, spans.live or tail)
+            return PromptSpans(
+                spans.control, tail, spans.trajectory, spans.live or tail, spans.groups
+            )
         return spans
 
     def _capture_spans(self, spans: PromptSpans, n: int) -> tuple[TokenSpan, ...]:

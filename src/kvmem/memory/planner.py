@@ -9,11 +9,15 @@ The budget is filled in tier order, each tier bounded:
 4. ``query``: the task (the last user message), its newest `query_tokens`;
 5. ``trajectory``: the live trajectory after the task (assistant tool calls, tool
    results), its newest `trajectory_tokens`;
-6. ``forced``: blocks a caller forces in (the oracle diagnostic);
-7. ``retrieved``: every slot left, by score (or by recency for the baseline).
+6. ``image``: the latest image's blocks (`keep_latest_image`);
+7. ``forced``: blocks a caller forces in (the oracle diagnostic);
+8. ``retrieved``: every slot left, by score (or by recency for the baseline).
 
 A tier that does not fit keeps its newest blocks; the rest are `unpinned` (they stay
 retrieval candidates) and the window traces them. When every block fits, all are held.
+An image's blocks (a group, `PromptSpans.groups`) are one unit everywhere: a tier takes
+a group whole or stops before it, and retrieval takes it whole, ranked by its best block,
+or skips it for smaller units.
 `plan_window` is a pure function of its arguments, and `stream_window` gives the window a
 prefill chunk sees, as a function of its position alone.
 """
@@ -42,6 +46,7 @@ class Tier(Enum):
     CONTROL = "control"
     QUERY = "query"
     TRAJECTORY = "trajectory"
+    IMAGE = "image"
     FORCED = "forced"
     RETRIEVED = "retrieved"
 
@@ -57,6 +62,7 @@ class PlannerConfig:
     query_tokens: int = 0  # bound of the query tier
     trajectory_tokens: int = 0  # bound of the trajectory tier
     stream_tokens: int = 0  # newest tokens a prefill chunk sees (besides sink and control)
+    keep_latest_image: bool = True  # the image tier: the latest image group is pinned
 
     def __post_init__(self) -> None:
         if self.block_tokens <= 0 or self.budget_tokens < 0:
@@ -145,7 +151,8 @@ def plan_window(
     ranked = _rank(config, pins.middle, scores)
     tiers = dict(pins.tiers)
     if pins.free and ranked:
-        tiers[Tier.RETRIEVED] = tuple(sorted(ranked[: pins.free]))
+        groups = block_groups(request.spans.groups, config.block_tokens, n)
+        tiers[Tier.RETRIEVED] = tuple(sorted(_fill(ranked, pins.free, groups)))
     chosen = [b for blocks in tiers.values() for b in blocks]
     return _diff(chosen, tiers, pins.unpinned, on_gpu, fits=False)
 
@@ -178,26 +185,74 @@ def stream_window(
     if n <= slots:
         return tuple(range(n))
     control = spans.control.clip(position) if spans.control else None
-    taker = _Taker(slots)
-    taker.take(Tier.SINK, range(min(config.sink_blocks, n)), config.sink_blocks)
+    taker = _Taker(slots, block_groups(spans.groups, bt, n))
+    taker.take(Tier.SINK, range(min(config.sink_blocks, n)), n)  # an image there: whole
     taker.take(Tier.CONTROL, _newest(control, bt, n), config.control_tokens // bt)
     taker.take(Tier.RECENT, range(n - 1, -1, -1), config.stream_blocks)
     return tuple(sorted(taker.taken))
 
 
-class _Taker:
-    """Fills slots tier by tier, newest blocks first within a tier."""
+def block_groups(
+    groups: Iterable[TokenSpan], block_tokens: int, n_complete: int
+) -> dict[int, tuple[int, ...]]:
+    """Complete block -> every complete block of its group (groups sharing a block merge)."""
+    ranges: list[list[int]] = []
+    for span in sorted(groups, key=lambda g: g.start):
+        blocks = [b for b in span.blocks(block_tokens) if b < n_complete]
+        if not blocks:
+            continue
+        if ranges and blocks[0] <= ranges[-1][1]:
+            ranges[-1][1] = max(ranges[-1][1], blocks[-1])
+        else:
+            ranges.append([blocks[0], blocks[-1]])
+    out: dict[int, tuple[int, ...]] = {}
+    for lo, hi in ranges:
+        unit = tuple(range(lo, hi + 1))
+        out.update((b, unit) for b in unit)
+    return out
 
-    def __init__(self, slots: int) -> None:
+
+def _units(
+    blocks: Iterable[int], groups: Mapping[int, tuple[int, ...]], taken: Collection[int]
+) -> Iterable[list[int]]:
+    """The blocks in order, each with the rest of its group: units never taken twice."""
+    seen: set[int] = set()
+    for b in blocks:
+        if b in taken or b in seen:
+            continue
+        unit = [x for x in groups.get(b, (b,)) if x not in taken]
+        seen.update(unit)
+        yield unit
+
+
+def _fill(ranked: list[int], free: int, groups: Mapping[int, tuple[int, ...]]) -> list[int]:
+    """The best-ranked units that fit in `free` slots (a group that does not is skipped)."""
+    out: list[int] = []
+    for unit in _units(ranked, groups, ()):
+        if len(unit) <= free - len(out):
+            out += unit
+    return out
+
+
+class _Taker:
+    """Fills slots tier by tier, newest blocks first within a tier; a group is one unit."""
+
+    def __init__(self, slots: int, groups: Mapping[int, tuple[int, ...]] | None = None) -> None:
         self.free = slots
+        self.groups = groups or {}
         self.taken: set[int] = set()
         self.tiers: dict[Tier, tuple[int, ...]] = {}
         self.unpinned: dict[Tier, tuple[int, ...]] = {}
 
     def take(self, tier: Tier, newest_first: Iterable[int], bound: int) -> None:
-        new = [b for b in newest_first if b not in self.taken]
         n = max(0, min(bound, self.free))
-        kept, left = new[:n], new[n:]
+        kept: list[int] = []
+        left: list[int] = []
+        for unit in _units(newest_first, self.groups, self.taken):
+            if left or len(kept) + len(unit) > n:
+                left += unit  # the first unit that does not fit ends the tier
+            else:
+                kept += unit
         self.taken.update(kept)
         self.free -= len(kept)
         if kept:
@@ -208,13 +263,17 @@ class _Taker:
 
 def _pins(config: PlannerConfig, request: WindowRequest) -> _Pins:
     bt, n, spans = config.block_tokens, request.n_complete, request.spans
-    taker = _Taker(window_slots(config, request.open_tokens))
-    taker.take(Tier.SINK, range(min(config.sink_blocks, n)), config.sink_blocks)
+    groups = block_groups(spans.groups, bt, n)
+    taker = _Taker(window_slots(config, request.open_tokens), groups)
+    taker.take(Tier.SINK, range(min(config.sink_blocks, n)), n)  # an image there: whole
     taker.take(Tier.RECENT, range(n - 1, max(-1, n - 1 - config.recent_blocks), -1), n)
     taker.take(Tier.CONTROL, _newest(spans.control, bt, n), config.control_tokens // bt)
     taker.take(Tier.QUERY, _newest(spans.query, bt, n), _bound(config.query_tokens, bt))
     traj = _newest(spans.trajectory, bt, n)
     taker.take(Tier.TRAJECTORY, traj, _bound(config.trajectory_tokens, bt))
+    if config.keep_latest_image and groups:
+        latest = groups[max(groups)]
+        taker.take(Tier.IMAGE, reversed(latest), len(latest))
     forced = sorted({b for b in request.forced if 0 <= b < n}, reverse=True)
     taker.take(Tier.FORCED, forced, n)
     middle = tuple(b for b in range(n) if b not in taker.taken)

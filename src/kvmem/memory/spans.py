@@ -4,7 +4,8 @@
 prompt's parts are: the control text (system prompt and tool definitions), the task
 (the last user message), the live trajectory after it (assistant tool calls and tool
 results) and the last message, whose tail is replayed after a reselection. A raw
-completion prompt has none of them; its query is its own tail.
+completion prompt has none of them; its query is its own tail. `groups` are the token
+ranges of images: the window holds the blocks of each one all together or not at all.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class PromptSpans:
     query: TokenSpan | None = None  # the task: the last role=user message's text
     trajectory: TokenSpan | None = None  # after the last user message, to the prompt's end
     live: TokenSpan | None = None  # the last message, to the prompt's end
+    groups: tuple[TokenSpan, ...] = ()  # image rows, ascending: each selected whole
 
     def clipped(self, end: int) -> PromptSpans:
         """The spans cut at position `end` (a prompt of `end` tokens)."""
@@ -58,7 +60,8 @@ class PromptSpans:
             *(
                 None if s is None else s.clip(end)
                 for s in (self.control, self.query, self.trajectory, self.live)
-            )
+            ),
+            groups=tuple(c for g in self.groups if (c := g.clip(end)) is not None),
         )
 
     @classmethod

@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kvmem.chat.images import ImageCollector
 from kvmem.chat.json_grammar import json_object_grammar, json_schema_grammar
 from kvmem.chat.messages import normalize_messages
 from kvmem.chat.prefill import plan_prefill
@@ -126,7 +127,8 @@ def prepare_chat_job(
     channel: EventChannel,
 ) -> ChatJob:
     """Validate and render; raises InvalidRequestError/TemplateError for a bad request."""
-    messages = normalize_messages(request.messages, vision=False)
+    images = ImageCollector(settings.media_path) if settings.mmproj else None
+    messages = normalize_messages(request.messages, vision=images is not None, images=images)
     plan = resolve_thinking(
         settings.thinking,
         reasoning_effort=request.reasoning_effort,
@@ -148,6 +150,8 @@ def prepare_chat_job(
         add_generation_prompt=prefill.add_generation_prompt,
         prefill=prefill.text,
     )
+    if images is not None and images.images:
+        rendered.images, rendered.image_marker = tuple(images.images), images.marker
     if settings.reasoning_format == "none":  # thinking stays in the content, tags included
         rendered.opens_reasoning = False
     return ChatJob(

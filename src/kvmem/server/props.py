@@ -106,7 +106,7 @@ def props_body(
         "model_path": info.path,
         "n_ctx": info.n_ctx,
         "n_ctx_train": info.n_ctx_train,
-        "modalities": {"vision": False, "audio": False},
+        "modalities": {"vision": settings.mmproj is not None, "audio": False},
         "chat_template": template.source,
         "chat_template_source": settings.chat_template_origin,
         "chat_template_caps": asdict(template.caps),

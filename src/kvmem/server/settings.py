@@ -48,6 +48,8 @@ class ServerSettings:
     mmproj: str | None = None
     mmproj_offload: bool = True
     image_max_tokens: int | None = None
+    image_min_tokens: int | None = None  # vision (issue 12)
+    media_path: str | None = None  # the directory file:// image URLs may name
     devices: tuple[str, ...] = ()
     split_mode: str = "layer"
     main_gpu: int = 0

@@ -134,7 +134,7 @@ def ready_record(settings: ServerSettings, info: ModelInfoLike, stats: Any) -> d
         "n_ctx_train": info.n_ctx_train,
         "max_output": "context" if settings.n_predict < 0 else settings.n_predict,
         "gpu_cells": getattr(stats, "gpu_cells_max", None),
-        "vision": False,
+        "vision": settings.mmproj is not None,
         "mtp": False,
         "speculative": settings.engine.spec.describe(),
         "slots": 1,
