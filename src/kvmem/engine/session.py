@@ -244,6 +244,7 @@ class KVMemSession:
         stats.cached_tokens = reused
         stats.reprocessed_tokens = common - reused
         spans = self._resolve_spans(given, n)
+        self.window.note_groups(spans.groups)  # evictions keep an image's blocks together
         wanted = self._capture_spans(spans, n)
         if self.ssm is not None and self.config.enabled and n > self.config.budget:
             bt, pin = self.table.block_tokens, self.config.query_pin_tokens

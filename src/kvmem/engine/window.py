@@ -29,6 +29,7 @@ from kvmem.memory.planner import (
     Tier,
     WindowPlan,
     WindowRequest,
+    block_groups,
     plan_window,
     ranked_candidates,
     stream_window,
@@ -89,6 +90,7 @@ class GpuWindow:
         self.peak_cells = 0
         self.moved: dict[int, int] = {}  # GPU block -> first position, when not its own
         self._seen: dict[int, int] = {}  # complete block -> start, as the last decode saw them
+        self._groups: tuple[TokenSpan, ...] = ()  # the prompt's image groups (spans.groups)
         self.positions = config.positions
         if self.positions is not PositionMode.ORIGINAL and not ctx.can_shift:
             logger.warning("this model's cache cannot shift positions: blocks stay in place")
@@ -202,6 +204,10 @@ class GpuWindow:
         self.restore_own(missing, stats)
         stats.evicted_blocks += len(out)
 
+    def note_groups(self, groups: Sequence[TokenSpan]) -> None:
+        """The token ranges (images) that evictions outside the planner keep whole."""
+        self._groups = tuple(groups)
+
     # room for decodes that are not prefill (replay, generation) ---------------------------
     def ensure_room(self, n_tokens: int, stats: TurnStats, gen_start: int | None = None) -> None:
         """Evict host-backed blocks until `n_tokens` more cells fit in the capacity: this
@@ -210,10 +216,12 @@ class GpuWindow:
         if need <= 0:
             return
         n_blocks = math.ceil(need / self.table.block_tokens)
-        victims = self._generation_spill(gen_start, n_blocks) if gen_start is not None else []
+        spill = self._generation_spill(gen_start, None) if gen_start is not None else []
+        victims = self._whole_groups(spill, n_blocks, set())
         stats.spilled_blocks += len(victims)
         if len(victims) < n_blocks:
-            rest = self._eviction_order(set(victims))[: n_blocks - len(victims)]
+            order = self._eviction_order(set(victims))
+            rest = self._whole_groups(order, n_blocks - len(victims), set(victims))
             victims.extend(rest)
             stats.evicted_blocks += len(rest)
         if len(victims) < n_blocks:
@@ -225,12 +233,29 @@ class GpuWindow:
         kind = TraceKind.SPILL if gen_start is not None else TraceKind.EVICT
         self.tracer.emit(kind, blocks=sorted(victims), cells=self.cells_used())
 
-    def _generation_spill(self, gen_start: int, n_blocks: int) -> list[int]:
+    def _generation_spill(self, gen_start: int, n_blocks: int | None) -> list[int]:
         """The oldest complete blocks of this generation, never the block before the next token."""
         bt = self.table.block_tokens
         newest = (self.table.n_tokens - 1) // bt
         ids = [b for b in self.table.gpu_blocks() if (b + 1) * bt > gen_start and b < newest]
-        return ids[:n_blocks]
+        return ids if n_blocks is None else ids[:n_blocks]
+
+    def _whole_groups(self, order: Sequence[int], n_blocks: int, taken: set[int]) -> list[int]:
+        """At least n_blocks of `order` (when it has them), taking an image's blocks all
+        together: a group with a member outside `order` (pinned as newest, not resident) is
+        skipped whole."""
+        groups = block_groups(self._groups, self.table.block_tokens, self.table.n_complete_blocks)
+        allowed = set(order)
+        out: list[int] = []
+        for b in order:
+            if len(out) >= n_blocks:
+                break
+            if b in taken or b in out:
+                continue
+            unit = [m for m in groups.get(b, (b,)) if self.table.is_on_gpu(m)]
+            if all(m in allowed and m not in taken for m in unit):
+                out.extend(m for m in unit if m not in out)
+        return out
 
     def _eviction_order(self, taken: set[int]) -> list[int]:
         """Complete GPU blocks by eviction preference: retrieved, then unpinned, then the
