@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from kvmem.config import KVMemConfig, QueryReplay
 from kvmem.errors import KVTransferError
 from kvmem.memory.block_table import BlockTable
+from kvmem.memory.eviction import Residency, plan_room
 from kvmem.memory.layout import PositionMode, tail_run_start, window_layout
 from kvmem.memory.planner import (
     PlannerConfig,
@@ -29,7 +30,6 @@ from kvmem.memory.planner import (
     Tier,
     WindowPlan,
     WindowRequest,
-    block_groups,
     plan_window,
     ranked_candidates,
     stream_window,
@@ -215,57 +215,20 @@ class GpuWindow:
         need = self.cells_used() + n_tokens - self.capacity
         if need <= 0:
             return
-        n_blocks = math.ceil(need / self.table.block_tokens)
-        spill = self._generation_spill(gen_start, None) if gen_start is not None else []
-        victims = self._whole_groups(spill, n_blocks, set())
-        stats.spilled_blocks += len(victims)
-        if len(victims) < n_blocks:
-            order = self._eviction_order(set(victims))
-            rest = self._whole_groups(order, n_blocks - len(victims), set(victims))
-            victims.extend(rest)
-            stats.evicted_blocks += len(rest)
-        if len(victims) < n_blocks:
+        t = self.table
+        residency = Residency(t.gpu_blocks(), t.n_tokens, t.n_complete_blocks, t.block_tokens)
+        n_blocks = math.ceil(need / t.block_tokens)
+        room = plan_room(residency, n_blocks, gen_start, self.last_plan, self._groups)
+        stats.spilled_blocks += len(room.spilled)
+        stats.evicted_blocks += len(room.evicted)
+        if len(room.victims) < n_blocks:
             raise KVTransferError(
                 f"cannot free {need} KV cells: the window holds no evictable block "
                 f"(capacity {self.capacity}, used {self.cells_used()})"
             )
-        self.evict(victims)
+        self.evict(list(room.victims))
         kind = TraceKind.SPILL if gen_start is not None else TraceKind.EVICT
-        self.tracer.emit(kind, blocks=sorted(victims), cells=self.cells_used())
-
-    def _generation_spill(self, gen_start: int, n_blocks: int | None) -> list[int]:
-        """The oldest complete blocks of this generation, never the block before the next token."""
-        bt = self.table.block_tokens
-        newest = (self.table.n_tokens - 1) // bt
-        ids = [b for b in self.table.gpu_blocks() if (b + 1) * bt > gen_start and b < newest]
-        return ids if n_blocks is None else ids[:n_blocks]
-
-    def _whole_groups(self, order: Sequence[int], n_blocks: int, taken: set[int]) -> list[int]:
-        """At least n_blocks of `order` (when it has them), taking an image's blocks all
-        together: a group with a member outside `order` (pinned as newest, not resident) is
-        skipped whole."""
-        groups = block_groups(self._groups, self.table.block_tokens, self.table.n_complete_blocks)
-        allowed = set(order)
-        out: list[int] = []
-        for b in order:
-            if len(out) >= n_blocks:
-                break
-            if b in taken or b in out:
-                continue
-            unit = [m for m in groups.get(b, (b,)) if self.table.is_on_gpu(m)]
-            if all(m in allowed and m not in taken for m in unit):
-                out.extend(m for m in unit if m not in out)
-        return out
-
-    def _eviction_order(self, taken: set[int]) -> list[int]:
-        """Complete GPU blocks by eviction preference: retrieved, then unpinned, then the
-        pinned tiers; oldest first within each; never the newest complete block."""
-        done = self.table.n_complete_blocks
-        gpu = [b for b in self.table.gpu_blocks() if b < done - 1 and b not in taken]
-        plan = self.last_plan
-        retrieved = set(plan.retrieved) if plan else set()
-        pinned = set(plan.selected) - retrieved if plan else set()
-        return sorted(gpu, key=lambda b: (0 if b in retrieved else 2 if b in pinned else 1, b))
+        self.tracer.emit(kind, blocks=sorted(room.victims), cells=self.cells_used())
 
     # reselection -----------------------------------------------------------------------
     def plan(
