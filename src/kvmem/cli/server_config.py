@@ -16,12 +16,12 @@ from kvmem.chat.thinking import ThinkingDefaults
 from kvmem.cli.api_keys import collect_api_keys
 from kvmem.cli.arg_types import FlashAttn, SplitMode
 from kvmem.cli.kvmem_flags import kvmem_config_from_args
+from kvmem.cli.limit_flags import ServerLimits
 from kvmem.cli.server_args import ParsedArgs, parse_server_argv
+from kvmem.cli.server_settings import ServerSettings, Source
 from kvmem.engine import EngineSettings, SamplingParams
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
-from kvmem.server.limits import ServerLimits
-from kvmem.server.settings import ServerSettings, Source
 
 logger = logging.getLogger(__name__)
 
