@@ -15,6 +15,7 @@ from kvmem.chat.template import check_template_source, resolve_template_source
 from kvmem.chat.thinking import ThinkingDefaults
 from kvmem.cli.api_keys import collect_api_keys
 from kvmem.cli.arg_types import FlashAttn, SplitMode
+from kvmem.cli.gpu_placement import gpu_placement
 from kvmem.cli.kvmem_flags import kvmem_config_from_args
 from kvmem.cli.limit_flags import ServerLimits
 from kvmem.cli.server_args import ParsedArgs, parse_server_argv
@@ -142,6 +143,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         cache_types=flags.cache_types,
         kvmem=flags.kvmem,
         seed=v["seed"],
+        placement=gpu_placement(v, parsed.sources, parsed.warnings),
     )
     engine.validate()
     enable = v["reasoning"] if v["reasoning"] is not None else v["enable_thinking"]

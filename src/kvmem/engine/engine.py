@@ -25,7 +25,7 @@ from .background_index import BackgroundIndex
 from .context import ContextSettings, LlamaContext
 from .conversations import ConversationPool
 from .llama_lib import ggml_base
-from .model import LlamaModel, ModelInfo, resolve_model_path
+from .model import GpuPlacement, LlamaModel, ModelInfo, resolve_model_path
 from .query_capture import QueryCapture
 from .sampler import Sampler, SamplingParams
 from .session import KVMemSession
@@ -50,6 +50,7 @@ class EngineSettings:
     cache_types: KVCacheTypes = field(default_factory=KVCacheTypes)
     kvmem: KVMemConfig = field(default_factory=KVMemConfig)
     seed: int = -1
+    placement: GpuPlacement = field(default_factory=GpuPlacement)  # --split-mode/--main-gpu/-ts
 
     def validate(self) -> None:
         if self.n_ctx < 0:
@@ -73,7 +74,7 @@ class Engine:
         self.settings = settings
         self.disk_store = open_tiered_store(settings.kvmem)  # locks --kvmem-disk-dir first
         self.persister: SessionPersister | None = None
-        self.model = LlamaModel(path, settings.n_gpu_layers)
+        self.model = LlamaModel(path, settings.n_gpu_layers, settings.placement)
         train_ctx = llama_cpp.llama_model_n_ctx_train(self.model.ptr)
         n_ctx = settings.n_ctx or train_ctx
         self.info: ModelInfo = self.model.describe(n_ctx)
