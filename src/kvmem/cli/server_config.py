@@ -6,6 +6,7 @@ template/UI files, the chat template's syntax, API keys, the KVMem and KV-cache 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -105,6 +106,8 @@ def _ui_dir(v: dict[str, Any]) -> str | None:
 
 def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> ServerSettings:
     v = parsed.values
+    if v["metrics"] and importlib.util.find_spec("prometheus_client") is None:
+        raise ConfigError("--metrics", "needs the prometheus-client package (pip install it)")
     _check_gpu_options(v, parsed.warnings)
     model = resolve_model_flag(v["model"], "--model")  # a catalog name -> its joined GGUF
     if model is not None:
