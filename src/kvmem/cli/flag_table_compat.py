@@ -48,8 +48,6 @@ REJECTED_TABLE: tuple[Flag, ...] = (
       "router mode is not supported: one kvmem-server serves one model", True),
     R(("--no-models-autoload",), "router mode is not supported: one kvmem-server serves one model"),
     R(("--tags",), "model tags are not supported", True),
-    R(("--slot-save-path",),
-      "saving and restoring slots is not supported yet (the KVMem session lives in memory)", True),
     R(("--sleep-idle-seconds",), "idle sleep is not supported", True),
     R(("--cache-ram",), "the host prompt cache is KVMem's; size it with --kvmem-* flags", True),
     R(("--mmproj-url", "--media-path"), "kvmem-server has no vision support yet", True),

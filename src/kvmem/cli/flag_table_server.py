@@ -127,5 +127,11 @@ SERVER_TABLE: tuple[Flag, ...] = (
       t.int_in_range(2, 1_000_000), lim.DEFAULT_MAX_CONNECTIONS, metavar="N"),
     F(("--cors-origins",), "cors_origins", "origins allowed cross-origin: a comma list, or '*'",
       lim.cors_origins, (), metavar="LIST", shown_default="none: same-origin only"),
+    # --- slot save/restore (issue 15 part B; kvmem.server.slot_routes) ----------------------
+    F(("--slot-save-path",), "slot_save_path",
+      "directory for POST /slots/0?action=save|restore files (the KVMem session's history)",
+      t.non_empty, None, "LLAMA_ARG_SLOT_SAVE_PATH", metavar="PATH",
+      shown_default="none: slot actions answer 501"),
+    # --- end slot save/restore --------------------------------------------------------------
 )
 # fmt: on

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,17 @@ def _ui_dir(v: dict[str, Any]) -> str | None:
     return ui_dir
 
 
+def _slot_dir(v: dict[str, Any]) -> str | None:
+    path = v["slot_save_path"]
+    if path is None:
+        return None
+    if not Path(path).is_dir():
+        raise ConfigError("--slot-save-path", f"{path} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError("--slot-save-path", f"{path} is not writable")
+    return str(Path(path).resolve())
+
+
 def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> ServerSettings:
     v = parsed.values
     if v["metrics"] and importlib.util.find_spec("prometheus_client") is None:
@@ -197,6 +209,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         main_gpu=int(v["main_gpu"]),
         tensor_split=v["tensor_split"],
         sources=sources,
+        slot_save_path=_slot_dir(v),
         limits=ServerLimits(
             max_body_bytes=int(v["max_body_size"]),
             header_timeout_s=float(v["header_timeout"]),

@@ -54,6 +54,7 @@ class ServerSettings:
     tensor_split: tuple[float, ...] = ()
     sources: Mapping[str, Source] = field(default_factory=dict)
     limits: ServerLimits = field(default_factory=ServerLimits)  # body/timeouts/connections/CORS
+    slot_save_path: str | None = None  # --slot-save-path: an existing directory
 
     @property
     def hosts(self) -> tuple[str, ...]:

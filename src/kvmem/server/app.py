@@ -25,6 +25,7 @@ from kvmem.server.error_map import install_error_handlers
 from kvmem.server.metrics import ServerMetrics
 from kvmem.server.routes import api_router, health_router
 from kvmem.server.settings import ServerSettings
+from kvmem.server.slot_routes import slot_router
 from kvmem.server.ui_files import ui_directory
 from kvmem.server.utility_routes import utility_router
 from kvmem.server.worker import EngineWorker
@@ -122,6 +123,7 @@ def create_app(
     app.include_router(api_router)
     app.include_router(completion_router)
     app.include_router(utility_router)
+    app.include_router(slot_router)
     ui = ui_directory(settings)
     if ui is not None:
         app.mount("/", StaticFiles(directory=str(ui), html=True), name="ui")

@@ -30,6 +30,7 @@ from kvmem.server.chat_job import ChatJob
 from kvmem.server.completion_job import CompletionDone, CompletionJob
 from kvmem.server.error_map import classify
 from kvmem.server.metrics import ServerMetrics
+from kvmem.server.slot_job import SlotJob
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class EngineWorker:
         with self._cond:
             return self._current is not None
 
-    def submit(self, job: ChatJob | CompletionJob) -> None:
+    def submit(self, job: ChatJob | CompletionJob | SlotJob) -> None:
         """Queue `job`; EngineNotReadyError while loading, QueueFullError past the bound."""
         with self._cond:
             if self._stopping:
@@ -177,7 +178,7 @@ class EngineWorker:
             return
         self._metrics.processing = 1
         try:
-            if isinstance(job, CompletionJob):
+            if isinstance(job, (CompletionJob, SlotJob)):
                 for event in job.run(engine):
                     if isinstance(event, CompletionDone):
                         self._metrics.record_turn(event.usage)
