@@ -125,7 +125,7 @@ SERVER_TABLE: tuple[Flag, ...] = (
       lim.seconds, lim.DEFAULT_KEEP_ALIVE_TIMEOUT_S, metavar="S"),
     F(("--max-connections",), "max_connections", "open connections before new ones are closed",
       t.int_in_range(2, 1_000_000), lim.DEFAULT_MAX_CONNECTIONS, metavar="N"),
-    F(("--cors-origins",), "cors_origins", "origins allowed cross-origin: a comma list, or '*'",
+    F(("--cors-origins",), "cors_origins", "origins allowed cross-origin: a comma list, 'localhost' or '*'",
       lim.cors_origins, (), metavar="LIST", shown_default="none: same-origin only"),
     # --- slot save/restore (issue 15 part B; kvmem.server.slot_routes) ----------------------
     F(("--slot-save-path",), "slot_save_path",

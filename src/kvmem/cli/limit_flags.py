@@ -53,10 +53,15 @@ def seconds(text: str) -> float:
 
 
 def cors_origins(text: str) -> tuple[str, ...]:
-    """`*` (every origin, explicitly) or a comma list of `scheme://host[:port]` origins."""
+    """`*` (every origin, explicitly), `localhost` (llama-server's special value: any origin
+    on localhost, 127.0.0.1 or [::1], any port) or a comma list of `scheme://host[:port]`."""
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items:
         raise argparse.ArgumentTypeError("empty origin list: give origins or '*'")
+    if "localhost" in [item.lower() for item in items]:
+        if len(items) > 1:
+            raise argparse.ArgumentTypeError("'localhost' allows every local origin: give it alone")
+        return ("localhost",)
     if "*" in items:
         if len(items) > 1:
             raise argparse.ArgumentTypeError("'*' allows every origin: give it alone")
