@@ -148,17 +148,20 @@ def env_bindings(program: Program) -> list[EnvBinding]:
 def resolve(
     program: Program, ns: argparse.Namespace, env_values: Mapping[str, Any]
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """CLI > environment > default for every ACTIVE, non-repeatable row; fills `ns` too."""
+    """CLI > environment > default for every ACTIVE, non-repeatable row; fills `ns` too.
+    Sources are kept for the server group's rows, and for any row set from the environment."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for row in flags_for(program, Status.ACTIVE):
         if row.append:
             continue
         if hasattr(ns, row.dest):
-            values[row.dest], sources[row.dest] = getattr(ns, row.dest), "cli"
+            values[row.dest], source = getattr(ns, row.dest), "cli"
         elif row.dest in env_values:
-            values[row.dest], sources[row.dest] = env_values[row.dest], "env"
+            values[row.dest], source = env_values[row.dest], "env"
         else:
-            values[row.dest], sources[row.dest] = row.default, "default"
+            values[row.dest], source = row.default, "default"
+        if row.group is Group.SERVER or source == "env":  # the KVMEM_STARTUP record's sources
+            sources[row.dest] = source
         setattr(ns, row.dest, values[row.dest])
     return values, sources
