@@ -116,6 +116,7 @@ def _jobs(
             ignore_eos=r.ignore_eos,
             banned_tokens=banned,
             grammar=_grammar(r),
+            cache_prompt=r.cache_prompt,
         )
         jobs.append((job, _prompt_text(vocab, tokens)))
     bans = list(banned)
