@@ -280,3 +280,17 @@ def test_localhost_reflects_only_local_origins(engine: FakeEngine, origin: str, 
         )
     assert r.headers.get("access-control-allow-origin") == (origin if allowed else None)
     assert r.status_code == (200 if allowed else 400)
+
+
+def test_cors_header_names_are_cased_as_llama_server_writes_them(engine: FakeEngine) -> None:
+    s = settings(limits=ServerLimits(cors_origins=("*",)))
+    with TestClient(create_app(s, lambda _: engine)) as c:
+        wait_ready(c)
+        r = c.options(
+            "/completions",
+            headers={"Origin": "http://a.example", "Access-Control-Request-Method": "POST"},
+        )
+    names = {k for k, _ in r.headers.raw}
+    assert b"Access-Control-Allow-Origin" in names
+    assert b"Access-Control-Allow-Credentials" in names
+    assert dict(r.headers.items())["access-control-allow-origin"] == "http://a.example"

@@ -22,6 +22,7 @@ from kvmem.server.auth import ApiKeyChecker
 from kvmem.server.body_guard import BodyGuard, cors_options
 from kvmem.server.completion_routes import completion_router
 from kvmem.server.error_map import install_error_handlers
+from kvmem.server.header_case import HeaderCase
 from kvmem.server.metrics import ServerMetrics
 from kvmem.server.routes import api_router, health_router
 from kvmem.server.settings import ServerSettings
@@ -118,6 +119,7 @@ def create_app(
         on_error=on_error,
     )
     app.add_middleware(CORSMiddleware, **cors_options(limits.cors_origins))
+    app.add_middleware(HeaderCase)  # outermost: llama-server's Access-Control-* casing
     install_error_handlers(app)
     app.include_router(health_router)
     app.include_router(api_router)
