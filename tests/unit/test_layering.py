@@ -172,3 +172,15 @@ def test_importing_memory_does_not_load_llama_cpp_or_upper_layers() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def test_cli_does_not_import_the_server() -> None:
+    """kvmem.server imports the flag layer (kvmem.cli); never the other way round."""
+    bad = []
+    for path in _sources(PACKAGE / "cli"):
+        bad.extend(
+            f"{path.relative_to(SRC)} imports {name}"
+            for name in _imports(path)
+            if _within(name, "kvmem.server")
+        )
+    assert bad == []

@@ -10,7 +10,7 @@ import pytest
 from kvmem.cli.server_args import SERVER_FLAGS, build_server_parser
 from kvmem.cli.server_config import load_server_settings
 from kvmem.config import KVMemConfig
-from kvmem.engine import EngineSettings, SamplingParams
+from kvmem.engine import EngineSettings, GpuPlacement, SamplingParams
 from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import GgmlType
 from kvmem.memory.layout import PositionMode
@@ -122,6 +122,7 @@ def test_llama_server_flags_and_aliases(gguf: str, tmp_path: Path) -> None:
         kvmem=KVMemConfig(budget=1024, gen_reserve=512),
         seed=7,
         cache_types=s.engine.cache_types,
+        placement=GpuPlacement(split_mode="none", main_gpu=1, tensor_split=(1.0,)),
     )
     assert (s.engine.cache_types.k, s.engine.cache_types.v) == (GgmlType.Q8_0, GgmlType.Q4_0)
     assert (s.host, s.port, s.alias, s.n_predict, s.ui, s.ui_dir, s.metrics, s.verbosity) == (

@@ -140,3 +140,14 @@ def test_bad_input_gets_a_400_envelope(
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_cache_prompt_false_recomputes_the_whole_prompt(client: TestClient) -> None:
+    first = client.post("/completion", json={"prompt": "Capital?", "n_predict": 2}).json()
+    again = client.post("/completion", json={"prompt": "Capital?", "n_predict": 2}).json()
+    fresh = client.post(
+        "/completion", json={"prompt": "Capital?", "n_predict": 2, "cache_prompt": False}
+    ).json()
+    assert first["timings"]["cache_n"] == 0
+    assert again["timings"]["cache_n"] > 0
+    assert (fresh["timings"]["cache_n"], fresh["timings"]["prompt_n"]) == (0, 8)

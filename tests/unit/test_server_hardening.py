@@ -255,3 +255,42 @@ def test_a_remaining_500_is_logged_once_and_counted(
 @pytest.fixture
 def engine() -> FakeEngine:
     return FakeEngine(replies=["Hello"])
+
+
+@pytest.mark.parametrize(
+    ("origin", "allowed"),
+    [
+        ("http://localhost", True),
+        ("http://localhost:8080", True),
+        ("http://127.0.0.1:3000", True),
+        ("http://[::1]:3000", True),
+        ("http://localhost.evil.com", False),
+        ("http://notlocalhost", False),
+        ("http://evil.com", False),
+    ],
+)
+def test_localhost_reflects_only_local_origins(engine: FakeEngine, origin: str, allowed: bool):
+    assert cors_origins("localhost") == ("localhost",)
+    s = settings(limits=ServerLimits(cors_origins=("localhost",)))
+    with TestClient(create_app(s, lambda _: engine)) as c:
+        wait_ready(c)
+        r = c.options(
+            "/v1/chat/completions",
+            headers={"Origin": origin, "Access-Control-Request-Method": "POST"},
+        )
+    assert r.headers.get("access-control-allow-origin") == (origin if allowed else None)
+    assert r.status_code == (200 if allowed else 400)
+
+
+def test_cors_header_names_are_cased_as_llama_server_writes_them(engine: FakeEngine) -> None:
+    s = settings(limits=ServerLimits(cors_origins=("*",)))
+    with TestClient(create_app(s, lambda _: engine)) as c:
+        wait_ready(c)
+        r = c.options(
+            "/completions",
+            headers={"Origin": "http://a.example", "Access-Control-Request-Method": "POST"},
+        )
+    names = {k for k, _ in r.headers.raw}
+    assert b"Access-Control-Allow-Origin" in names
+    assert b"Access-Control-Allow-Credentials" in names
+    assert dict(r.headers.items())["access-control-allow-origin"] == "http://a.example"

@@ -12,8 +12,6 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
-from kvmem.cli.kvmem_flags import strict_float, strict_int
-
 _TRUE = ("1", "true", "on", "yes", "enabled")
 _FALSE = ("0", "false", "off", "no", "disabled")
 
@@ -29,6 +27,24 @@ class SplitMode(Enum):
     LAYER = "layer"
     ROW = "row"
     TENSOR = "tensor"
+
+
+def strict_int(text: str) -> int:
+    """An integer in plain decimal; rejects '1.5', '1e3', '' and trailing garbage."""
+    value = text.strip()
+    if not value or not value.lstrip("+-").isdigit():
+        raise argparse.ArgumentTypeError(f"invalid integer value: {text!r}")
+    return int(value)
+
+
+def strict_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}")
+    return value
 
 
 def parse_bool(text: str) -> bool:
@@ -167,3 +183,46 @@ def non_empty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return text
+
+
+REASONING_FORMATS = ("none", "auto", "deepseek")
+
+
+def reasoning_format(text: str) -> str:
+    """--reasoning-format: none (thinking stays in content, tags included) or auto/deepseek
+    (thinking goes to reasoning_content). deepseek-legacy (both at once) is not offered."""
+    value = text.strip().lower()
+    if value == "deepseek-legacy":
+        raise argparse.ArgumentTypeError(
+            "'deepseek-legacy' (thinking in both content and reasoning_content) is not "
+            "supported: use deepseek or none"
+        )
+    if value not in REASONING_FORMATS:
+        raise argparse.ArgumentTypeError(
+            f"invalid reasoning format {text!r}: use one of {', '.join(REASONING_FORMATS)}"
+        )
+    return value
+
+
+def host_list(text: str) -> str:
+    """--host: one address or a comma-separated list (each is bound on --port)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"invalid host list {text!r}: an address is empty")
+    return ",".join(parts)
+
+
+def parallel_slots(text: str) -> int:
+    value = strict_int(text)
+    if value < 1 and value != -1:
+        raise argparse.ArgumentTypeError(f"{value} is out of range: must be >= 1 (or -1 = auto)")
+    return value
+
+
+def layer_list(text: str) -> tuple[int, ...]:
+    if text.strip().lower() in ("", "all"):
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid layer list: {text!r}") from None

@@ -18,87 +18,26 @@ from collections.abc import Sequence
 from kvmem.errors import ConfigError, KVMemError
 from kvmem.models import resolve_model_flag
 
-from .kvmem_flags import (
-    add_kv_cache_arguments,
-    add_kvmem_arguments,
-    kvmem_config_from_args,
-    strict_float,
-    strict_int,
-)
-from .spec_flags import add_spec_arguments, spec_config_from_args
+from .flag_parser import FlagArgumentParser
+from .flag_parser import build_parser as build_flag_parser
+from .flag_spec import Program
+from .kvmem_flags import kvmem_config_from_args
+from .spec_flags import spec_config_from_args
 
 logger = logging.getLogger(__name__)
 
 
-class CliArgumentParser(argparse.ArgumentParser):
-    """argparse that raises ConfigError instead of exiting, so main() reports it once."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError("", message)
+CliArgumentParser = FlagArgumentParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = CliArgumentParser(
-        prog="kvmem-cli", description="Generate with a KVMem session on llama.cpp."
+    """kvmem-cli's parser: the CLI rows of the flag table (kvmem.cli.flag_table)."""
+    return build_flag_parser(
+        Program.CLI,
+        "kvmem-cli",
+        "Generate with a KVMem session on llama.cpp.",
+        fill_defaults=True,
     )
-    p.add_argument(
-        "-m",
-        "--model",
-        default=None,
-        help="GGUF model file or a model name (qwen-0.5b) (default: the embedded SmolLM2-135M-Instruct)",
-    )
-    p.add_argument(
-        "-c",
-        "--ctx-size",
-        type=strict_int,
-        default=0,
-        help="logical context in tokens (default: the model's)",
-    )
-    p.add_argument("-p", "--prompt", default=None, help="prompt text")
-    p.add_argument("-f", "--file", default=None, help="read the prompt from a file")
-    p.add_argument(
-        "-n",
-        "--n-predict",
-        "--predict",
-        dest="n_predict",
-        type=strict_int,
-        default=-1,
-        help="tokens to generate, -1 = until end of generation (default: -1)",
-    )
-    p.add_argument(
-        "--temp", type=strict_float, default=0.8, help="temperature, 0 = greedy (default: 0.8)"
-    )
-    p.add_argument("--top-k", type=strict_int, default=40)
-    p.add_argument("--top-p", type=strict_float, default=0.95)
-    p.add_argument("--min-p", type=strict_float, default=0.05)
-    p.add_argument("--repeat-penalty", type=strict_float, default=1.0)
-    p.add_argument("-s", "--seed", type=strict_int, default=-1, help="RNG seed, -1 = random")
-    p.add_argument(
-        "--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens"
-    )
-    p.add_argument(
-        "--raw", action="store_true", help="use the prompt as is, without the chat template"
-    )
-    p.add_argument("-sys", "--system-prompt", default=None, help="system message for chat mode")
-    p.add_argument("-i", "--interactive", action="store_true", help="multi-turn chat on stdin")
-    p.add_argument("-t", "--threads", type=strict_int, default=None)
-    p.add_argument("-tb", "--threads-batch", type=strict_int, default=None)
-    p.add_argument("-b", "--batch-size", type=strict_int, default=2048)
-    p.add_argument("-ub", "--ubatch-size", type=strict_int, default=512)
-    p.add_argument(
-        "-ngl",
-        "--gpu-layers",
-        "--n-gpu-layers",
-        dest="gpu_layers",
-        default="all",
-        help="layers on the GPU: N, all or auto (default: all)",
-    )
-    p.add_argument("-fa", "--flash-attn", choices=["on", "off", "auto"], default="on")
-    p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
-    add_kv_cache_arguments(p)
-    add_kvmem_arguments(p)
-    add_spec_arguments(p)  # speculative decoding (spec_flags.py)
-    return p
 
 
 def _check(ns: argparse.Namespace) -> None:
@@ -156,7 +95,7 @@ def settings_from_args(ns: argparse.Namespace):
         cache_types=flags.cache_types,
         kvmem=flags.kvmem,
         seed=ns.seed,
-        spec=spec_config_from_args(ns),
+        spec=spec_config_from_args(ns),  # --spec-* (flag_table_spec.py)
     )
     settings.validate()
     return settings

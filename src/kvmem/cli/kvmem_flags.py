@@ -1,241 +1,31 @@
 """The `--kvmem-*` and KV-cache-type flags, shared by kvmem-cli and kvmem-server.
 
-Values are parsed by argparse with strict number types; the cross-field checks
-(`KVMemConfig.validate`, `KVCacheTypes.validate`) run in `kvmem_config_from_args`,
-before any model is loaded.
+The rows are in kvmem.cli.flag_table_kvmem; `add_*_arguments` add them to any parser
+(the benchmarks use them too). The cross-field checks (`KVMemConfig.validate`,
+`KVCacheTypes.validate`) run in `kvmem_config_from_args`, before any model is loaded.
 """
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from enum import Enum
 
+from kvmem.cli.arg_types import strict_float, strict_int
+from kvmem.cli.flag_parser import add_flags
+from kvmem.cli.flag_table_kvmem import KV_CACHE_TABLE, KVMEM_TABLE
 from kvmem.config import KVCacheTypes, KVMemConfig, QueryPolicy, QueryReplay
 from kvmem.errors import ConfigError
-from kvmem.memory.ggml_types import KV_TYPE_NAMES
 from kvmem.memory.layout import PositionMode
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.scorer import ScoreAggregate, ScoreMode
 
-_DEFAULTS = KVMemConfig()
-
-
-def _choice_flag(group: argparse._ArgumentGroup, flag: str, default: Enum, help_text: str) -> None:
-    """A flag whose values are the members of `default`'s Enum; help ends with the default."""
-    group.add_argument(
-        flag,
-        choices=[m.value for m in type(default)],
-        default=default.value,
-        help=f"{help_text} (default: {default.value})",
-    )
-
-
-def strict_int(text: str) -> int:
-    """An integer in plain decimal; rejects '1.5', '1e3', '' and trailing garbage."""
-    value = text.strip()
-    if not value or not value.lstrip("+-").isdigit():
-        raise argparse.ArgumentTypeError(f"invalid integer value: {text!r}")
-    return int(value)
-
-
-def strict_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"invalid number: {text!r}")
-    return value
-
-
-def _layer_list(text: str) -> tuple[int, ...]:
-    if text.strip().lower() in ("", "all"):
-        return ()
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid layer list: {text!r}") from None
-
 
 def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("KV cache")
-    group.add_argument(
-        "-ctk",
-        "--cache-type-k",
-        dest="cache_type_k",
-        metavar="TYPE",
-        default=None,
-        help=f"K cache type: {', '.join(KV_TYPE_NAMES)} (default: f16)",
-    )
-    group.add_argument(
-        "-ctv",
-        "--cache-type-v",
-        dest="cache_type_v",
-        metavar="TYPE",
-        default=None,
-        help=f"V cache type: {', '.join(KV_TYPE_NAMES)} (default: f16)",
-    )
-    group.add_argument(
-        "--kv-dtype",
-        dest="kv_dtype",
-        metavar="TYPE",
-        default=None,
-        help="set both K and V cache types",
-    )
+    add_flags(parser, KV_CACHE_TABLE, fill_defaults=True)
 
 
 def add_kvmem_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("KVMem")
-    group.add_argument(
-        "--no-kvmem",
-        dest="no_kvmem",
-        action="store_true",
-        help="plain llama.cpp with a full-size context (for comparison)",
-    )
-    group.add_argument(
-        "--kvmem-budget",
-        type=strict_int,
-        default=_DEFAULTS.budget,
-        metavar="N",
-        help=f"GPU KV tokens for the selected working set (default: {_DEFAULTS.budget})",
-    )
-    group.add_argument(
-        "--kvmem-gen-reserve",
-        type=strict_int,
-        default=_DEFAULTS.gen_reserve,
-        metavar="N",
-        help=f"GPU KV tokens reserved for new tokens (default: {_DEFAULTS.gen_reserve})",
-    )
-    group.add_argument(
-        "--kvmem-block-tokens",
-        type=strict_int,
-        default=_DEFAULTS.block_tokens,
-        metavar="N",
-        help=f"tokens per block (default: {_DEFAULTS.block_tokens})",
-    )
-    group.add_argument(
-        "--kvmem-sink-blocks",
-        type=strict_int,
-        default=_DEFAULTS.sink_blocks,
-        metavar="N",
-        help=f"blocks at the start always kept (default: {_DEFAULTS.sink_blocks})",
-    )
-    group.add_argument(
-        "--kvmem-recent-blocks",
-        type=strict_int,
-        default=_DEFAULTS.recent_blocks,
-        metavar="N",
-        help=f"most recent blocks always kept (default: {_DEFAULTS.recent_blocks})",
-    )
-    _choice_flag(
-        group,
-        "--kvmem-method",
-        _DEFAULTS.method,
-        "block selection",
-    )
-    _choice_flag(
-        group,
-        "--kvmem-score-mode",
-        _DEFAULTS.score_mode,
-        "block summary scored against the query: bound (per-channel min/max, as in "
-        "Quest) or mean (mean key)",
-    )
-    _choice_flag(
-        group,
-        "--kvmem-score-aggregate",
-        _DEFAULTS.score_aggregate,
-        "per-block score from the query rows' attention over blocks: mean (over tokens and "
-        "heads) or max (the largest share any row gives the block)",
-    )
-    _choice_flag(
-        group,
-        "--kvmem-positions",
-        _DEFAULTS.positions,
-        "where retrieved blocks sit in the window: gather (right before the recent "
-        "blocks, in order) or original (their own positions, with gaps)",
-    )
-    _choice_flag(
-        group,
-        "--kvmem-query-replay",
-        _DEFAULTS.query_replay,
-        "replay the query after reselection",
-    )
-    _choice_flag(
-        group,
-        "--kvmem-query-policy",
-        _DEFAULTS.query_policy,
-        "retrieval query: agent (the last user message and the live trajectory's tail), "
-        "user (the last user message) or tail (the prompt's tail); without a user message "
-        "the query is the prompt's tail",
-    )
-    group.add_argument(
-        "--kvmem-query-max-tokens",
-        type=strict_int,
-        default=_DEFAULTS.query_max_tokens,
-        metavar="N",
-        help=f"last N tokens of the query used (default: {_DEFAULTS.query_max_tokens})",
-    )
-    for name, what, default in (
-        ("control", "control-text tier (system prompt, tool definitions)", "budget/4"),
-        ("trajectory", "live-trajectory tier (tool calls and results after the task)", "budget/4"),
-        ("stream", "newest tokens a prefill chunk sees besides sink and control", "budget/2"),
-    ):
-        group.add_argument(
-            f"--kvmem-{name}-tokens",
-            type=strict_int,
-            default=-1,
-            metavar="N",
-            help=f"bound of the {what} (default: -1 = {default})",
-        )
-    group.add_argument(
-        "--kvmem-score-layers",
-        type=_layer_list,
-        default=(),
-        metavar="L1,L2,...",
-        help="attention layers used for scoring (default: layers 1..n-1, 23 spread on deeper models)",
-    )
-    group.add_argument(
-        "--kvmem-disk-dir",
-        default=None,
-        metavar="DIR",
-        help="disk tier and restart-safe session store (default: none, RAM only)",
-    )
-    group.add_argument(
-        "--kvmem-host-mib",
-        type=strict_int,
-        default=0,
-        metavar="N",
-        help="RAM cap of the block store in MiB; older blocks go to disk (default: 0 = no cap)",
-    )
-    group.add_argument(
-        "--kvmem-disk-mib",
-        type=strict_int,
-        default=0,
-        metavar="N",
-        help="disk cap of the block store in MiB (default: 0 = no cap)",
-    )
-    group.add_argument(
-        "--kvmem-conversations",
-        type=strict_int,
-        default=1,
-        metavar="N",
-        help="conversations kept warm in host memory; a request goes to the one sharing "
-        "the longest prefix (default: 1)",
-    )
-    group.add_argument(
-        "--kvmem-trace",
-        dest="kvmem_trace",
-        action="store_true",
-        default=None,
-        help="print KVMEM_* trace records on stderr (also KVMEM_TRACE=1)",
-    )
-    group.add_argument(
-        "--no-kvmem-trace",
-        dest="kvmem_trace",
-        action="store_false",
-        help="disable trace records even when KVMEM_TRACE=1",
-    )
+    add_flags(parser, KVMEM_TABLE, fill_defaults=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,9 @@ template/UI files, the chat template's syntax, API keys, the KVMem and KV-cache 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,15 +17,16 @@ from kvmem.chat.template import check_template_source, resolve_template_source
 from kvmem.chat.thinking import ThinkingDefaults
 from kvmem.cli.api_keys import collect_api_keys
 from kvmem.cli.arg_types import FlashAttn, SplitMode
+from kvmem.cli.gpu_placement import gpu_placement
 from kvmem.cli.kvmem_flags import kvmem_config_from_args
+from kvmem.cli.limit_flags import ServerLimits
 from kvmem.cli.server_args import ParsedArgs, parse_server_argv
+from kvmem.cli.server_settings import ServerSettings, Source
 from kvmem.cli.spec_flags import spec_config_from_args
 from kvmem.cli.vision_config import vision_from_values
 from kvmem.engine import EngineSettings, SamplingParams
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
-from kvmem.server.limits import ServerLimits
-from kvmem.server.settings import ServerSettings, Source
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +107,21 @@ def _ui_dir(v: dict[str, Any]) -> str | None:
     return ui_dir
 
 
+def _slot_dir(v: dict[str, Any]) -> str | None:
+    path = v["slot_save_path"]
+    if path is None:
+        return None
+    if not Path(path).is_dir():
+        raise ConfigError("--slot-save-path", f"{path} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError("--slot-save-path", f"{path} is not writable")
+    return str(Path(path).resolve())
+
+
 def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> ServerSettings:
     v = parsed.values
+    if v["metrics"] and importlib.util.find_spec("prometheus_client") is None:
+        raise ConfigError("--metrics", "needs the prometheus-client package (pip install it)")
     _check_gpu_options(v, parsed.warnings)
     model = resolve_model_flag(v["model"], "--model")  # a catalog name -> its joined GGUF
     if model is not None:
@@ -144,6 +160,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         seed=v["seed"],
         spec=spec_config_from_args(parsed.namespace),  # --spec-* (cli/spec_flags.py)
         vision=vision,
+        placement=gpu_placement(v, parsed.sources, parsed.warnings),
     )
     engine.validate()
     enable = v["reasoning"] if v["reasoning"] is not None else v["enable_thinking"]
@@ -196,6 +213,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         main_gpu=int(v["main_gpu"]),
         tensor_split=v["tensor_split"],
         sources=sources,
+        slot_save_path=_slot_dir(v),
         limits=ServerLimits(
             max_body_bytes=int(v["max_body_size"]),
             header_timeout_s=float(v["header_timeout"]),

@@ -1,4 +1,4 @@
-"""The speculative-decoding flags (llama.cpp's names), shared by kvmem-cli and kvmem-server.
+"""The speculative-decoding settings from the parsed flags (rows in flag_table_spec.py).
 
 `--spec-type ngram-simple` (alias `draft-ngram`) turns on prompt-lookup drafts;
 `--spec-draft-n-max N` bounds the draft per step (default 3); `--spec-kv-dtype f16|q8_0`
@@ -10,35 +10,9 @@ from __future__ import annotations
 import argparse
 
 from kvmem.errors import ConfigError
-from kvmem.spec_config import SPEC_KV_TYPES, SPEC_TYPE_NAMES, SpecConfig, SpecType, parse_spec_type
+from kvmem.spec_config import SPEC_KV_TYPES, SpecConfig, SpecType, parse_spec_type
 
 _DEFAULTS = SpecConfig()
-
-
-def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
-    # --- speculative decoding (one block; ported as-is into the flag table) ---
-    group = parser.add_argument_group("speculative decoding")
-    group.add_argument(
-        "--spec-type",
-        dest="spec_type",
-        metavar="TYPE",
-        default=_DEFAULTS.type.value,
-        help=f"draft source: {', '.join(SPEC_TYPE_NAMES)} (default: none)",
-    )
-    group.add_argument(
-        "--spec-draft-n-max",
-        dest="spec_draft_n_max",
-        metavar="N",
-        default=None,
-        help=f"draft tokens per step at most (default: {_DEFAULTS.n_max})",
-    )
-    group.add_argument(
-        "--spec-kv-dtype",
-        dest="spec_kv_dtype",
-        metavar="TYPE",
-        default=None,
-        help="draft KV cache type for draft-mtp: f16 or q8_0 (default: f16)",
-    )
 
 
 def spec_config_from_args(ns: argparse.Namespace) -> SpecConfig:

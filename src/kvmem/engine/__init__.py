@@ -3,7 +3,7 @@
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
 from .engine import Engine, EngineSettings
-from .model import ModelInfo, default_model_path, resolve_model_path
+from .model import GpuPlacement, ModelInfo, default_model_path, resolve_model_path
 from .sampler import SamplingParams
 from .session import KVMemSession
 from .trace import EngineStats, FinishReason, TurnStats
@@ -14,6 +14,7 @@ __all__ = [
     "EngineStats",
     "FinishReason",
     "KVMemSession",
+    "GpuPlacement",
     "ModelInfo",
     "PromptSpans",
     "SamplingParams",

@@ -28,7 +28,7 @@ from .conversations import ConversationPool
 from .kv_transfer import STAGING_BYTES
 from .llama_lib import ggml_base
 from .media import VisionProjector, VisionSettings
-from .model import LlamaModel, ModelInfo, resolve_model_path
+from .model import GpuPlacement, LlamaModel, ModelInfo, resolve_model_path
 from .query_capture import QueryCapture
 from .sampler import Sampler, SamplingParams
 from .session import KVMemSession
@@ -59,6 +59,7 @@ class EngineSettings:
     staging_bytes: int = STAGING_BYTES  # reused blob buffer of harvest/restore; 0 = none
     spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding
     vision: VisionSettings | None = None  # --mmproj: images through mtmd
+    placement: GpuPlacement = field(default_factory=GpuPlacement)  # --split-mode/--main-gpu/-ts
 
     def validate(self) -> None:
         if self.n_ctx < 0:
@@ -83,7 +84,7 @@ class Engine:
         self.settings = settings
         self.disk_store = open_tiered_store(settings.kvmem)  # locks --kvmem-disk-dir first
         self.persister: SessionPersister | None = None
-        self.model = LlamaModel(path, settings.n_gpu_layers)
+        self.model = LlamaModel(path, settings.n_gpu_layers, settings.placement)
         self._check_hybrid(settings)
         train_ctx = llama_cpp.llama_model_n_ctx_train(self.model.ptr)
         n_ctx = settings.n_ctx or train_ctx

@@ -81,18 +81,48 @@ class ModelInfo:
     max_token_chars: int = 0  # the longest token text in bytes (>= characters per token)
 
 
+@dataclass(frozen=True, slots=True)
+class GpuPlacement:
+    """Where the weights go: llama.cpp's split_mode, main_gpu and tensor_split
+    (`--split-mode`, `--main-gpu`, `--tensor-split`, `--device`)."""
+
+    split_mode: str = "layer"  # none | layer
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()
+
+    def apply(self, params: Any) -> Any:
+        """Set `params`; returns the array llama.cpp reads during the load (keep it alive)."""
+        modes = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER}
+        params.split_mode = modes[self.split_mode]
+        params.main_gpu = self.main_gpu
+        if self.tensor_split:
+            n = int(llama_cpp.llama_max_devices())
+            if len(self.tensor_split) > n:
+                raise ModelLoadError(
+                    f"--tensor-split has {len(self.tensor_split)} shares; this build has {n} devices"
+                )
+            shares = (ctypes.c_float * n)(*self.tensor_split)
+            params.tensor_split = shares
+            return shares
+        return None
+
+
 class LlamaModel:
     """An owned `llama_model *` with its vocabulary."""
 
-    def __init__(self, path: str, n_gpu_layers: int = -1) -> None:
+    def __init__(
+        self, path: str, n_gpu_layers: int = -1, placement: GpuPlacement | None = None
+    ) -> None:
         init_backend()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        keep_alive = placement.apply(params) if placement is not None else None
         # llama.cpp's CPU "extra" buffer types (weight repacking, AMX) are off unless
         # KVMEM_CPU_EXTRA_BUFTS=1: a native build on a CPU that reports AMX inside a VM that
         # does not enable it dies with SIGILL (tilezero) on the first batch.
         params.use_extra_bufts = os.environ.get("KVMEM_CPU_EXTRA_BUFTS", "0") not in ("", "0")
         ptr = llama_cpp.llama_model_load_from_file(path.encode(), params)
+        del keep_alive
         if not ptr:
             raise ModelLoadError(f"llama.cpp failed to load the model {path}")
         self.ptr = ptr

@@ -23,11 +23,13 @@ from kvmem.server.auth import ApiKeyChecker
 from kvmem.server.body_guard import BodyGuard, cors_options
 from kvmem.server.completion_routes import completion_router
 from kvmem.server.error_map import install_error_handlers
+from kvmem.server.header_case import HeaderCase
 from kvmem.server.metrics import ServerMetrics
 from kvmem.server.response_store import ResponseStore
 from kvmem.server.responses_api import responses_router
 from kvmem.server.routes import api_router, health_router
 from kvmem.server.settings import ServerSettings
+from kvmem.server.slot_routes import slot_router
 from kvmem.server.ui_files import ui_directory
 from kvmem.server.utility_routes import utility_router
 from kvmem.server.worker import EngineWorker
@@ -124,6 +126,7 @@ def create_app(
         on_error=on_error,
     )
     app.add_middleware(CORSMiddleware, **cors_options(limits.cors_origins))
+    app.add_middleware(HeaderCase)  # outermost: llama-server's Access-Control-* casing
     install_error_handlers(app)
     app.include_router(health_router)
     app.include_router(api_router)
@@ -131,6 +134,7 @@ def create_app(
     app.include_router(utility_router)
     app.include_router(responses_router)  # the Responses and Anthropic Messages APIs
     app.include_router(anthropic_router)
+    app.include_router(slot_router)
     ui = ui_directory(settings)
     if ui is not None:
         app.mount("/", StaticFiles(directory=str(ui), html=True), name="ui")

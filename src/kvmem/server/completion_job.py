@@ -63,6 +63,7 @@ class CompletionJob:
     grammar: str | None = None
     reported_bans: tuple[int, ...] = ()  # generation_settings.logit_bias (with ignore_eos' EOG)
     timing_probe: TimingProbe | None = None  # timings_per_token
+    cache_prompt: bool = True  # False: the session's history is not reused (all recomputed)
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def run(self, engine: ChatEngine) -> Any:
@@ -71,6 +72,8 @@ class CompletionJob:
         if len(self.tokens) >= n_ctx:
             raise ContextLengthExceededError(len(self.tokens), n_ctx)
         yield JobStarted(len(self.tokens))
+        if not self.cache_prompt:
+            engine.reset()  # llama-server's cache_prompt: false: nothing of the history is reused
         detok = IncrementalDetokenizer(engine)
         stopper = StopMatcher(self.stop)
         logits: list[np.ndarray] | None = [] if self.n_probs > 0 else None

@@ -118,6 +118,7 @@ def _jobs(
             banned_tokens=banned,
             grammar=_grammar(r),
             timing_probe=TimingProbe() if r.timings_per_token and r.stream else None,
+            cache_prompt=r.cache_prompt,
         )
         jobs.append((job, _prompt_text(vocab, tokens)))
     bans = list(banned)

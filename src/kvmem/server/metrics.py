@@ -1,4 +1,5 @@
-"""Server counters and the Prometheus text exposition of `/metrics` (opt-in, `--metrics`).
+"""Server counters behind `/metrics` (opt-in, `--metrics`); rendered by prometheus_client
+(kvmem.server.metrics_registry).
 
 Request-level counters come from each turn's usage; KVMem transfer counters and gauges
 come from the engine's cumulative stats, snapshotted by the worker thread after each job
@@ -192,6 +193,7 @@ class ServerMetrics:
         self.deferred = 0
         self.n_batch = 2048  # -b, for llamacpp:n_decode_total
         self._llamacpp = LlamaCppCounters()
+        self._registry: Any = None  # a MetricsRegistry, built on the first scrape
 
     def record_turn(self, usage: TurnUsage) -> None:
         with self._lock:
@@ -238,6 +240,16 @@ class ServerMetrics:
             return self._engine.get(name, 0)
 
     def render(self) -> str:
+        """The Prometheus text exposition, through this app's prometheus_client registry."""
+        if self._registry is None:
+            # imported on the first scrape: a server without --metrics needs no prometheus_client
+            from kvmem.server.metrics_registry import MetricsRegistry
+
+            self._registry = MetricsRegistry(self.rows)
+        return self._registry.render()
+
+    def rows(self) -> list[tuple[str, str, str, float]]:
+        """(name, help, type, value) of every series, read now."""
         c = self.counters()
         rows: list[tuple[str, str, str, float]] = [
             (
@@ -297,15 +309,4 @@ class ServerMetrics:
             rows += llamacpp_rows(c, self._llamacpp, self.processing, self.deferred)
         for name, help_text, stat, scale, kind in _ENGINE_METRICS:
             rows.append((name, help_text, kind, float(self.engine_value(stat)) * scale))
-        lines = []
-        for name, help_text, kind, value in rows:
-            lines += [
-                f"# HELP {name} {help_text}",
-                f"# TYPE {name} {kind}",
-                f"{name} {_number(value)}",
-            ]
-        return "\n".join(lines) + "\n"
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
+        return rows

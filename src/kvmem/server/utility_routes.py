@@ -1,5 +1,5 @@
 """llama-server's utility endpoints: `/tokenize`, `/detokenize`, `/apply-template`,
-`/chat/completions/input_tokens` and `/slots` (state only; save/restore answers 501).
+`/chat/completions/input_tokens` and `GET /slots` (the slot actions are in slot_routes.py).
 
 Tokenization reads the model's vocabulary from the request thread, as llama-server does;
 it never waits for the generation slot.
@@ -182,14 +182,3 @@ async def slots(request: Request) -> JSONResponse:
         "kvmem": True,
     }
     return JSONResponse([slot])
-
-
-@utility_router.post("/slots/{id_slot}")
-async def slot_action(request: Request, id_slot: str) -> JSONResponse:
-    _state(request)
-    return envelope(
-        501,
-        "saving and restoring slots is not supported: the KVMem session lives in memory "
-        "(--slot-save-path is rejected)",
-        "not_supported_error",
-    )

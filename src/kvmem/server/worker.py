@@ -31,6 +31,7 @@ from kvmem.server.completion_job import CompletionDone, CompletionJob, Completio
 from kvmem.server.error_map import classify
 from kvmem.server.live_timings import TimingsSnapshot
 from kvmem.server.metrics import ServerMetrics
+from kvmem.server.slot_job import SlotJob
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class EngineWorker:
         with self._cond:
             return self._current is not None
 
-    def submit(self, job: ChatJob | CompletionJob) -> None:
+    def submit(self, job: ChatJob | CompletionJob | SlotJob) -> None:
         """Queue `job`; EngineNotReadyError while loading, QueueFullError past the bound."""
         with self._cond:
             if self._stopping:
@@ -178,9 +179,9 @@ class EngineWorker:
             return
         self._metrics.processing = 1
         try:
-            probe = job.timing_probe  # timings_per_token (server/live_timings.py)
+            probe = getattr(job, "timing_probe", None)  # timings_per_token (live_timings.py)
             target = engine if probe is None else probe.wrap(engine)
-            if isinstance(job, CompletionJob):
+            if isinstance(job, (CompletionJob, SlotJob)):
                 for event in job.run(target):
                     if isinstance(event, CompletionDone):
                         self._metrics.record_turn(event.usage)

@@ -1,0 +1,102 @@
+"""The record type of the flag table (`kvmem.cli.flag_table*`).
+
+One `Flag` describes one command-line flag for the programs that use it: its names, its
+value parser (None: a switch), default, choices, environment variable, help text, the
+`--help` group, and its status: ACTIVE (has a meaning), NOOP (accepted, documented as
+meaningless under KVMem) or REJECTED (parsed only to fail with `reason`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+class Program(enum.Flag):
+    SERVER = enum.auto()
+    CLI = enum.auto()
+    BOTH = SERVER | CLI
+
+
+class Status(enum.Enum):
+    ACTIVE = "active"
+    NOOP = "no-op"
+    REJECTED = "rejected"
+
+
+class Group(enum.Enum):
+    """`--help` sections, in the order they are shown."""
+
+    SERVER = "server (llama-server compatible)"
+    CLI = "generation"
+    KV_CACHE = "KV cache"
+    KVMEM = "KVMem"
+    SPEC = "speculative decoding"
+    NOOP = "llama-server flags accepted as no-ops"
+    REJECTED = "llama-server flags that are rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    flags: tuple[str, ...]
+    dest: str
+    help: str
+    parse: Callable[[str], Any] | None = None  # value parser; None: a switch
+    default: Any = None
+    env: str | None = None  # LLAMA_ARG_* / KVMEM_* variable (read by kvmem-server)
+    negative: tuple[str, ...] = ()  # --no-x forms of a switch
+    append: bool = False
+    metavar: str | None = None
+    shown_default: str | None = None  # how --help shows the default
+    choices: tuple[str, ...] = ()
+    programs: Program = Program.SERVER
+    group: Group = Group.SERVER
+    status: Status = Status.ACTIVE
+    reason: str = ""  # NOOP/REJECTED: why (shown in --help and in the error)
+    takes_value: bool = False  # NOOP/REJECTED: the flag consumes one value
+    env_parse: Callable[[str], Any] | None = None  # the variable's parser when not `parse`
+
+    @property
+    def is_switch(self) -> bool:
+        return self.parse is None and not self.choices
+
+    def used_by(self, program: Program) -> bool:
+        return bool(self.programs & program)
+
+    def shown(self) -> str:
+        """The default as `--help` and docs/server.md show it."""
+        if self.shown_default is not None:
+            return self.shown_default
+        value = self.default
+        if isinstance(value, bool):
+            return "enabled" if value else "disabled"
+        if hasattr(value, "value"):
+            return str(value.value)
+        if value is None or value == ():
+            return "none"
+        return str(value)
+
+
+def noop(flags: tuple[str, ...], reason: str) -> Flag:
+    return Flag(
+        flags,
+        "compat_noop",
+        reason,
+        group=Group.NOOP,
+        status=Status.NOOP,
+        reason=reason,
+    )
+
+
+def rejected(flags: tuple[str, ...], reason: str, takes_value: bool = False) -> Flag:
+    return Flag(
+        flags,
+        "compat_rejected",
+        f"rejected: {reason}",
+        group=Group.REJECTED,
+        status=Status.REJECTED,
+        reason=reason,
+        takes_value=takes_value,
+    )

@@ -1,0 +1,45 @@
+"""The one flag table of kvmem-server and kvmem-cli.
+
+Every flag either program accepts is one `Flag` row (kvmem.cli.flag_spec), split by group
+into the `flag_table_*` modules. From this table kvmem.cli.flag_parser builds both argparse
+parsers, `--help` and the `LLAMA_ARG_*` environment bindings, and kvmem.cli.flag_doc the
+flag table in docs/server.md (`python -m kvmem.cli.flag_doc --write`; a unit test checks
+that the doc is current).
+"""
+
+from __future__ import annotations
+
+from kvmem.cli.flag_spec import Flag, Program, Status
+from kvmem.cli.flag_table_cli import CLI_TABLE
+from kvmem.cli.flag_table_compat import NOOP_TABLE, REJECTED_TABLE
+from kvmem.cli.flag_table_kvmem import KV_CACHE_TABLE, KVMEM_TABLE
+from kvmem.cli.flag_table_server import SERVER_TABLE
+from kvmem.cli.flag_table_spec import SPEC_TABLE
+
+FLAGS: tuple[Flag, ...] = (
+    SERVER_TABLE
+    + CLI_TABLE
+    + KV_CACHE_TABLE
+    + KVMEM_TABLE
+    + SPEC_TABLE
+    + NOOP_TABLE
+    + REJECTED_TABLE
+)
+
+
+def flags_for(program: Program, status: Status | None = None) -> tuple[Flag, ...]:
+    """The rows `program` parses, optionally only those of one status, in table order."""
+    return tuple(f for f in FLAGS if f.used_by(program) and (status is None or f.status is status))
+
+
+def _check_unique() -> None:
+    for program in (Program.SERVER, Program.CLI):
+        seen: dict[str, str] = {}
+        for row in flags_for(program):
+            for name in row.flags + row.negative:
+                if name in seen:
+                    raise AssertionError(f"{name} is in the flag table twice ({program})")
+                seen[name] = row.dest
+
+
+_check_unique()

@@ -1,0 +1,62 @@
+"""The flag table's rows for llama-server flags that a stock launch line passes and KVMem
+handles specially.
+
+- `NOOP_TABLE`: switches accepted as documented no-ops, because KVMem's single session
+  makes them meaningless (`--cont-batching`, `--context-shift`, `--kv-unified`,
+  `--swa-full`, ...). Each has the reason shown in `--help`.
+- `REJECTED_TABLE`: llama-server flags for features kvmem-server does not offer. They are
+  parsed (so the message is ours, not argparse's "unrecognized arguments") and fail before
+  the model loads with a message saying why.
+"""
+
+from __future__ import annotations
+
+from kvmem.cli.flag_spec import Flag
+from kvmem.cli.flag_spec import noop as N
+from kvmem.cli.flag_spec import rejected as R
+
+# fmt: off
+NOOP_TABLE: tuple[Flag, ...] = (
+    N(("-cb", "--cont-batching", "-nocb", "--no-cont-batching"),
+      "no-op: one KVMem session serves one request at a time"),
+    N(("--context-shift", "--no-context-shift"),
+      "no-op: KVMem keeps the whole history and selects what fits instead of shifting"),
+    N(("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"),
+      "no-op: the KV cache is always unified (KVMem needs it)"),
+    N(("--swa-full",), "no-op: KVMem manages the attention window itself"),
+    N(("--cache-prompt", "--no-cache-prompt"),
+      "no-op: the session always reuses the matching prefix"),
+    N(("--warmup", "--no-warmup"), "no-op: the model is not warmed up"),
+    N(("--mlock", "--no-mmap", "--mmap"), "no-op: the model is mapped as llama.cpp decides"),
+)
+
+REJECTED_TABLE: tuple[Flag, ...] = (
+    R(("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url", "--offline",
+       "-hft", "--hf-token"),
+      "kvmem-server never downloads models: pass a local file with -m", True),
+    R(("--embedding", "--embeddings", "--reranking", "--rerank"),
+      "embeddings and reranking are not offered (kvmem-server serves generation only)"),
+    R(("--pooling",), "embeddings are not offered, so there is no pooling", True),
+    R(("--lora", "--lora-scaled", "--lora-init-without-apply"),
+      "LoRA adapters are not supported", True),
+    R(("-md", "--model-draft", "--draft", "--draft-max", "--draft-min", "--spec-draft-n-min"),
+      "draft models are not supported: use --spec-type ngram-simple", True),
+    R(("-gan", "--grp-attn-n", "-gaw", "--grp-attn-w"),
+      "group attention (self-extend) is not supported: KVMem extends the context instead", True),
+    R(("--models-dir", "--models-max", "--models-preset"),
+      "router mode is not supported: one kvmem-server serves one model", True),
+    R(("--no-models-autoload",), "router mode is not supported: one kvmem-server serves one model"),
+    R(("--tags",), "model tags are not supported", True),
+    R(("--sleep-idle-seconds",), "idle sleep is not supported", True),
+    R(("--cache-ram",), "the host prompt cache is KVMem's; size it with --kvmem-* flags", True),
+    R(("--mmproj-url",), "projectors are not downloaded: pass a local --mmproj file", True),
+    R(("--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json"),
+      "built-in tools and MCP servers are not offered: the client executes tools", True),
+    R(("--ui-mcp-proxy",), "the MCP proxy is not offered"),
+    R(("--backend_sampling", "--backend-sampling"), "backend sampling is not supported"),
+    R(("--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx"),
+      "RoPE overrides are not supported: KVMem places positions itself", True),
+    R(("--ssl-key-file", "--ssl-cert-file"),
+      "TLS is not supported: put a reverse proxy in front of kvmem-server", True),
+)
+# fmt: on
