@@ -74,14 +74,22 @@ class ConversationPool:
         self.cost = SwitchCost()
         self.evicted = 0
 
-    def route(self, prompt: Sequence[int]) -> KVMemSession:
-        """The session for `prompt`, made active (switching the GPU window if needed)."""
+    def _best(self, prompt: Sequence[int]) -> tuple[Conversation | None, int]:
         best, best_len = None, -1
         for conv in self.conversations:
             shared = conv.shared_prefix(prompt)
             continues = conv.first_prompt_tokens == 0 or shared >= conv.first_prompt_tokens
             if continues and shared > best_len:
                 best, best_len = conv, shared
+        return best, best_len
+
+    def best_prefix(self, prompt: Sequence[int]) -> int:
+        """The longest prefix of `prompt` a conversation continuing it holds (0: none)."""
+        return max(0, self._best(prompt)[1])
+
+    def route(self, prompt: Sequence[int]) -> KVMemSession:
+        """The session for `prompt`, made active (switching the GPU window if needed)."""
+        best, _ = self._best(prompt)
         if best is None:
             best = self._new_conversation()
         self._activate(best)

@@ -67,13 +67,19 @@ class EngineSettings:
 class Engine:
     """Loads a model once and serves one KVMem session on it."""
 
-    def __init__(self, settings: EngineSettings, trace_stream=None) -> None:
+    def __init__(
+        self, settings: EngineSettings, trace_stream=None, *, model: LlamaModel | None = None
+    ) -> None:
+        """`model`: weights loaded already and shared (a lane of `EngineLanes`); the
+        engine then makes only its own context and session, and leaves the model open."""
         settings.validate()
-        path = resolve_model_path(settings.model_path)
         self.settings = settings
         self.disk_store = open_tiered_store(settings.kvmem)  # locks --kvmem-disk-dir first
         self.persister: SessionPersister | None = None
-        self.model = LlamaModel(path, settings.n_gpu_layers)
+        self._owns_model = model is None
+        if model is None:
+            model = LlamaModel(resolve_model_path(settings.model_path), settings.n_gpu_layers)
+        self.model = model
         train_ctx = llama_cpp.llama_model_n_ctx_train(self.model.ptr)
         n_ctx = settings.n_ctx or train_ctx
         self.info: ModelInfo = self.model.describe(n_ctx)
@@ -253,6 +259,15 @@ class Engine:
             self.persister.persist()
             self.persister.emit_tier()
 
+    def route_score(self, prompt: Sequence[int]) -> int:
+        """What routing `prompt` to this lane gains: the tokens it reuses less the tokens
+        of history it would drop (with conversations, none: a new one gets its own slot)."""
+        if self.pool is not None:
+            return self.pool.best_prefix(prompt)
+        table = self.session.table
+        shared = table.common_prefix(prompt)
+        return shared - (table.n_tokens - shared)
+
     def window_tiers(self) -> dict[str, list[int]]:
         """The blocks each tier of the last window plan holds."""
         return self.session.window.resident_tiers()
@@ -304,7 +319,8 @@ class Engine:
         if isinstance(self.session.index, BackgroundIndex):
             self.session.index.close()
         self.ctx.close()
-        self.model.close()
+        if self._owns_model:
+            self.model.close()
 
 
 def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:

@@ -136,6 +136,6 @@ def ready_record(settings: ServerSettings, info: ModelInfoLike, stats: Any) -> d
         "gpu_cells": getattr(stats, "gpu_cells_max", None),
         "vision": False,
         "mtp": False,
-        "slots": 1,
+        "slots": settings.parallel,
         "queue_size": settings.queue_size,
     }
