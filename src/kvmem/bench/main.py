@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         agent,
         decode_sweep,
         fidelity,
+        lanes_bench,
         lookup_drafts,
         models_cli,
         needle,
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         models_cli,
         lookup_drafts,
         summarize,
+        lanes_bench,
     ):
         module.add_parser(subparsers)
     return parser

@@ -223,6 +223,16 @@ def add_kvmem_arguments(parser: argparse.ArgumentParser) -> None:
         help="conversations kept warm in host memory; a request goes to the one sharing "
         "the longest prefix (default: 1)",
     )
+    # --kvmem-conversations-mib (engine/conversations.py: the pool's memory cap) ----------
+    group.add_argument(
+        "--kvmem-conversations-mib",
+        type=strict_int,
+        default=0,
+        metavar="N",
+        help="cap in MiB on the conversations' stored blocks (RAM and disk); past it the "
+        "least recently used conversation is evicted (default: 0 = no cap)",
+    )
+    # end of --kvmem-conversations-mib -----------------------------------------------------
     group.add_argument(
         "--kvmem-trace",
         dest="kvmem_trace",
@@ -286,6 +296,7 @@ def kvmem_config_from_args(ns: argparse.Namespace, trace_env: bool = False) -> K
         host_mib=ns.kvmem_host_mib,
         disk_mib=ns.kvmem_disk_mib,
         conversations=ns.kvmem_conversations,
+        conversations_mib=ns.kvmem_conversations_mib,  # --kvmem-conversations-mib
     )
     config.validate()
     return KVMemFlags(kvmem=config, cache_types=cache_types_from_args(ns))

@@ -20,9 +20,11 @@ from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.rope import k_rotation_size
 from kvmem.memory.spans import PromptSpans
+from kvmem.memory.tiered_store import MIB
 
 from .background_index import BackgroundIndex
 from .context import ContextSettings, LlamaContext
+from .conversation_disk import ConversationDisk
 from .conversations import ConversationPool
 from .llama_lib import ggml_base
 from .model import LlamaModel, ModelInfo, resolve_model_path
@@ -74,7 +76,12 @@ class Engine:
         engine then makes only its own context and session, and leaves the model open."""
         settings.validate()
         self.settings = settings
-        self.disk_store = open_tiered_store(settings.kvmem)  # locks --kvmem-disk-dir first
+        kv = settings.kvmem
+        pooled_disk = kv.conversations > 1 and kv.disk_dir is not None
+        self.tracer = Tracer(kv.trace, trace_stream)
+        # --kvmem-disk-dir is locked first: one store, or one per conversation slot
+        self.conv_disk = ConversationDisk(kv, self.tracer) if pooled_disk else None
+        self.disk_store = None if pooled_disk else open_tiered_store(kv)
         self.persister: SessionPersister | None = None
         self._owns_model = model is None
         if model is None:
@@ -83,9 +90,7 @@ class Engine:
         train_ctx = llama_cpp.llama_model_n_ctx_train(self.model.ptr)
         n_ctx = settings.n_ctx or train_ctx
         self.info: ModelInfo = self.model.describe(n_ctx)
-        kv = settings.kvmem
         cells = min(kv.gpu_cells, n_ctx) if kv.enabled else n_ctx
-        self.tracer = Tracer(kv.trace, trace_stream)
         self.key_geometry: KeyGeometry | None = None
         index, capture = self._retrieval_parts()
         self._capture = capture
@@ -101,15 +106,25 @@ class Engine:
             offload_kqv=settings.offload_kqv,
         )
         self.ctx = LlamaContext(self.model, ctx_settings, capture.callback if capture else None)
+        store = self.disk_store  # (a TieredStore is falsy while empty: compare with None)
+        if self.conv_disk is not None:
+            store = self.conv_disk.open_store(0)
         self.session = KVMemSession(
-            self.ctx, kv, n_ctx, index, capture, self.tracer, self.is_eog, store=self.disk_store
+            self.ctx, kv, n_ctx, index, capture, self.tracer, self.is_eog, store=store
         )
         if self.disk_store is not None:
             self._load_stored_session(index)
         self.pool: ConversationPool | None = None
         if kv.conversations > 1:
+            if self.conv_disk is not None:
+                self.conv_disk.fingerprint = self._fingerprint(index)
             self.pool = ConversationPool(
-                kv.conversations, self.session, self._new_session, self.tracer
+                kv.conversations,
+                self.session,
+                self._new_session,
+                self.tracer,
+                disk=self.conv_disk,
+                cap_bytes=kv.conversations_mib * MIB,
             )
         self.stats = EngineStats(gpu_cells_max=self.session.capacity)
         self._eog: tuple[int, ...] | None = None
@@ -121,21 +136,22 @@ class Engine:
             kv.enabled,
         )
 
-    def _new_session(self) -> KVMemSession:
-        """Another conversation on this context (--kvmem-conversations)."""
+    def _new_session(self, slot: int) -> KVMemSession:
+        """Another conversation on this context (--kvmem-conversations); with a disk dir
+        its store is DIR/conversation-<slot>."""
         kv, index = self.settings.kvmem, None
         if self.key_geometry is not None and kv.method is RetrievalMethod.RETRIEVAL:
             layers = kv.score_layers or default_score_layers(self.info.n_layer)
             workers = max(1, min(4, (os.cpu_count() or 2) // 4))
             index = BackgroundIndex(self.key_geometry, layers, workers)
+        store = self.conv_disk.open_store(slot) if self.conv_disk is not None else None
         return KVMemSession(
-            self.ctx, kv, self.info.n_ctx, index, self._capture, self.tracer, self.is_eog
+            self.ctx, kv, self.info.n_ctx, index, self._capture, self.tracer, self.is_eog, store
         )
 
-    def _load_stored_session(self, index: RetrievalIndex | None) -> None:
-        assert self.disk_store is not None
+    def _fingerprint(self, index: RetrievalIndex | None) -> dict[str, str]:
         geometry = self.key_geometry
-        fingerprint = store_fingerprint(
+        return store_fingerprint(
             self.info,
             self.settings.kvmem,
             self.settings.cache_types,
@@ -143,6 +159,10 @@ class Engine:
             geometry.k_rotation if geometry is not None else 0,
             index.layers if index is not None else (),
         )
+
+    def _load_stored_session(self, index: RetrievalIndex | None) -> None:
+        assert self.disk_store is not None
+        fingerprint = self._fingerprint(index)
         self.persister = SessionPersister(self.session, self.disk_store, fingerprint, self.tracer)
         self.persister.load()
 
@@ -254,10 +274,15 @@ class Engine:
             self._persist()
 
     def _persist(self) -> None:
-        """Checkpoint the session to --kvmem-disk-dir (queued behind the block writes)."""
+        """Checkpoint the session to --kvmem-disk-dir (queued behind the block writes);
+        with conversations, the active one, then the pool's memory cap."""
         if self.persister is not None:
             self.persister.persist()
             self.persister.emit_tier()
+        if self.pool is not None:
+            self.pool.persist()
+            if self.pool.enforce_cap():
+                self.stats.conversations_evicted = self.pool.evicted
 
     def route_score(self, prompt: Sequence[int]) -> int:
         """What routing `prompt` to this lane gains: the tokens it reuses less the tokens
@@ -290,22 +315,21 @@ class Engine:
             self.stats.conversations_evicted = self.pool.evicted
         self.stats.gpu_cells_used = self.session.window.cells_used()
         self.stats.gpu_cells_peak = self.session.window.peak_cells
-        store = self.disk_store
-        if store is not None:
-            t = store.tier
-            self.stats.tier_ram_hits, self.stats.tier_ram_misses = t.ram_hits, t.ram_misses
-            self.stats.tier_ram_bytes, self.stats.tier_ram_blocks = (
-                store.ram_bytes,
-                store.ram_blocks,
-            )
-            self.stats.tier_disk_bytes, self.stats.tier_disk_blocks = (
-                store.disk_bytes,
-                store.disk_blocks,
-            )
-            self.stats.tier_disk_read_bytes = t.disk_read_bytes
-            self.stats.tier_disk_write_bytes = t.disk_write_bytes
-            self.stats.tier_write_failures = t.write_failures
-            self.stats.tier_degraded = int(store.degraded is not None)
+        stores = [self.disk_store] if self.disk_store is not None else []
+        if self.conv_disk is not None:
+            stores = list(self.conv_disk.stores.values())
+        if stores:
+            st = self.stats
+            st.tier_ram_hits = sum(s.tier.ram_hits for s in stores)
+            st.tier_ram_misses = sum(s.tier.ram_misses for s in stores)
+            st.tier_ram_bytes = sum(s.ram_bytes for s in stores)
+            st.tier_ram_blocks = sum(s.ram_blocks for s in stores)
+            st.tier_disk_bytes = sum(s.disk_bytes for s in stores)
+            st.tier_disk_blocks = sum(s.disk_blocks for s in stores)
+            st.tier_disk_read_bytes = sum(s.tier.disk_read_bytes for s in stores)
+            st.tier_disk_write_bytes = sum(s.tier.disk_write_bytes for s in stores)
+            st.tier_write_failures = sum(s.tier.write_failures for s in stores)
+            st.tier_degraded = int(any(s.degraded is not None for s in stores))
 
     def reset(self) -> None:
         self.session.reset()
