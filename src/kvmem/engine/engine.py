@@ -283,6 +283,7 @@ class Engine:
             self.pool.persist()
             if self.pool.enforce_cap():
                 self.stats.conversations_evicted = self.pool.evicted
+                self._account_stores()
 
     def route_score(self, prompt: Sequence[int]) -> int:
         """What routing `prompt` to this lane gains: the tokens it reuses less the tokens
@@ -303,9 +304,7 @@ class Engine:
 
     def _account(self, turn: TurnStats) -> None:
         self.stats.add_turn(turn)
-        sessions = [c.session for c in self.pool.conversations] if self.pool else [self.session]
-        self.stats.host_store_bytes = sum(s.store.nbytes for s in sessions)
-        self.stats.host_blocks = sum(len(s.store) for s in sessions)
+        self._account_stores()
         if self.pool is not None:
             self.stats.conversations = sum(
                 1 for c in self.pool.conversations if c.first_prompt_tokens
@@ -330,6 +329,11 @@ class Engine:
             st.tier_disk_write_bytes = sum(s.tier.disk_write_bytes for s in stores)
             st.tier_write_failures = sum(s.tier.write_failures for s in stores)
             st.tier_degraded = int(any(s.degraded is not None for s in stores))
+
+    def _account_stores(self) -> None:
+        sessions = [c.session for c in self.pool.conversations] if self.pool else [self.session]
+        self.stats.host_store_bytes = sum(s.store.nbytes for s in sessions)
+        self.stats.host_blocks = sum(len(s.store) for s in sessions)
 
     def reset(self) -> None:
         self.session.reset()
