@@ -82,6 +82,7 @@ class KVMemConfig:
     host_mib: int = 0  # RAM cap of the block store; 0: unlimited
     disk_mib: int = 0  # disk cap; 0: unlimited
     conversations: int = 1  # sessions kept warm (engine/conversations.py)
+    conversations_mib: int = 0  # cap on the conversations' stored blocks; 0: none
 
     def validate(self) -> None:
         """Raise ConfigError for the first invalid value, naming its flag."""
@@ -122,11 +123,12 @@ class KVMemConfig:
 
     def _validate_disk_tier(self) -> None:
         _positive("--kvmem-conversations", self.conversations)
-        if self.conversations > 1 and self.disk_dir is not None:
+        if self.conversations_mib < 0:
             raise ConfigError(
-                "--kvmem-conversations",
-                "several conversations with --kvmem-disk-dir are not supported yet",
+                "--kvmem-conversations-mib", f"must be >= 0, got {self.conversations_mib}"
             )
+        if self.conversations_mib and self.conversations < 2:
+            raise ConfigError("--kvmem-conversations-mib", "needs --kvmem-conversations N >= 2")
         if self.conversations > 1 and not self.enabled:
             raise ConfigError("--kvmem-conversations", "needs KVMem: drop --no-kvmem")
         for flag, value in (

@@ -37,9 +37,14 @@ def test_values_are_parsed(tmp_path: Path) -> None:
         (["--kvmem-disk-dir", "{f}"], "--kvmem-disk-dir", "exists and is not a directory"),
         (["--kvmem-conversations", "0"], "--kvmem-conversations", "must be a positive number"),
         (
-            ["--kvmem-conversations", "2", "--kvmem-disk-dir", "{d}"],
-            "--kvmem-conversations",
-            "not supported yet",
+            ["--kvmem-conversations-mib", "8"],
+            "--kvmem-conversations-mib",
+            "needs --kvmem-conversations N >= 2",
+        ),
+        (
+            ["--kvmem-conversations", "2", "--kvmem-conversations-mib", "-1"],
+            "--kvmem-conversations-mib",
+            "must be >= 0",
         ),
         (["--kvmem-conversations", "2", "--no-kvmem"], "--kvmem-conversations", "needs KVMem"),
     ],
@@ -52,6 +57,14 @@ def test_invalid_combinations_fail_before_the_model_loads(
     with pytest.raises(ConfigError) as info:
         kvmem(*args)
     assert info.value.flag == flag and message in str(info.value)
+
+
+def test_conversations_with_a_disk_dir_and_a_cap(tmp_path: Path) -> None:
+    kv = kvmem(
+        "--kvmem-conversations", "2", "--kvmem-disk-dir", str(tmp_path),
+        "--kvmem-conversations-mib", "40",
+    )  # fmt: skip
+    assert (kv.conversations, kv.disk_dir, kv.conversations_mib) == (2, str(tmp_path), 40)
 
 
 def test_non_integer_mib_is_rejected(tmp_path: Path) -> None:

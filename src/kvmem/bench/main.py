@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         agent,
         decode_sweep,
         fidelity,
+        lanes_bench,
         lookup_drafts,
         models_cli,
         needle,
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         lookup_drafts,
         summarize,
         vision_bench,
+        lanes_bench,
     ):
         module.add_parser(subparsers)
     return parser

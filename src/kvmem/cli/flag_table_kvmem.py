@@ -119,6 +119,9 @@ KVMEM_TABLE: tuple[Flag, ...] = (
     _int("conversations",
          "conversations kept warm in host memory; a request goes to the one sharing the "
          "longest prefix", 1),
+    _int("conversations-mib",
+         "cap in MiB on the conversations' stored blocks (RAM and disk); past it the least "
+         "recently used conversation is evicted", 0, "0 = no cap"),
     Flag(("--kvmem-trace",), "kvmem_trace",
          "print KVMEM_* trace records on stderr (also KVMEM_TRACE=1)", None, None,
          negative=("--no-kvmem-trace",), shown_default="KVMEM_TRACE", programs=_BOTH,

@@ -39,7 +39,7 @@ SERVER_TABLE: tuple[Flag, ...] = (
       "LLAMA_ARG_HOST", metavar="HOST"),
     F(("--port",), "port", "port to listen on", t.port, 8080, "LLAMA_ARG_PORT", metavar="PORT"),
     F(("-np", "--parallel"), "parallel",
-      "server slots: requests beyond one queue on the single KVMem lane (a warning says so)",
+      "lanes (1-4): concurrent generations, each its own context and KVMem window",
       t.parallel_slots, 1, "LLAMA_ARG_N_PARALLEL", metavar="N"),
     F(("--slots",), "slots", "expose GET /slots (501 without)", None, True,
       "LLAMA_ARG_ENDPOINT_SLOTS", negative=("--no-slots",)),

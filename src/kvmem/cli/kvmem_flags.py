@@ -76,6 +76,7 @@ def kvmem_config_from_args(ns: argparse.Namespace, trace_env: bool = False) -> K
         host_mib=ns.kvmem_host_mib,
         disk_mib=ns.kvmem_disk_mib,
         conversations=ns.kvmem_conversations,
+        conversations_mib=ns.kvmem_conversations_mib,  # --kvmem-conversations-mib
     )
     config.validate()
     return KVMemFlags(kvmem=config, cache_types=cache_types_from_args(ns))

@@ -24,7 +24,7 @@ from kvmem.cli.server_args import ParsedArgs, parse_server_argv
 from kvmem.cli.server_settings import ServerSettings, Source
 from kvmem.cli.spec_flags import spec_config_from_args
 from kvmem.cli.vision_config import vision_from_values
-from kvmem.engine import EngineSettings, SamplingParams
+from kvmem.engine import MAX_LANES, EngineSettings, SamplingParams
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
 
@@ -51,12 +51,25 @@ def check_gguf_file(path: str, flag: str) -> None:
         raise ConfigError(flag, f"{path} is not a GGUF file")
 
 
-def _check_gpu_options(v: dict[str, Any], warnings: list[str]) -> None:
-    if v["parallel"] not in (1, -1):
-        warnings.append(
-            f"--parallel {v['parallel']}: kvmem-server has one KVMem lane; requests queue on it "
-            "(/props reports total_slots 1)"
+# --parallel lanes (engine/lanes.py) ------------------------------------------------------
+def _lanes(v: dict[str, Any], disk_dir: str | None) -> int:
+    """--parallel N: 1 to MAX_LANES lanes (-1, llama.cpp's auto: 1)."""
+    n = 1 if v["parallel"] == -1 else int(v["parallel"])
+    if n > MAX_LANES:
+        raise ConfigError(
+            "--parallel",
+            f"{n} lanes asked, at most {MAX_LANES} are supported "
+            "(each lane is a context of budget + reserve cells)",
         )
+    if n > 1 and disk_dir is not None:
+        raise ConfigError("--parallel", "several lanes with --kvmem-disk-dir are not supported yet")
+    return n
+
+
+# end of --parallel ------------------------------------------------------------------------
+
+
+def _check_gpu_options(v: dict[str, Any], warnings: list[str]) -> None:
     devices = v["device"]
     assert isinstance(devices, tuple)
     if len(devices) > 1:
@@ -134,6 +147,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         parsed.env_api_keys + v["api_key"], parsed.env_api_key_files + v["api_key_file"]
     )
     flags = kvmem_config_from_args(parsed.namespace, trace_env=trace_from_env(environ))
+    lanes = _lanes(v, flags.kvmem.disk_dir)
     if v["jinja"] is False:
         parsed.warnings.append(
             "--no-jinja is ignored: kvmem-server always renders Jinja chat templates"
@@ -197,6 +211,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         ui_dir=_ui_dir(v),
         metrics=bool(v["metrics"]),
         queue_size=int(v["queue_size"]),
+        parallel=lanes,
         verbosity=5
         if v["verbose"] and parsed.sources["verbosity"] == "default"
         else int(v["verbosity"]),

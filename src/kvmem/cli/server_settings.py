@@ -41,6 +41,7 @@ class ServerSettings:
     ui_dir: str | None = None  # None: the packaged page (kvmem/ui/static), when present
     metrics: bool = False
     queue_size: int = DEFAULT_QUEUE_SIZE
+    parallel: int = 1  # --parallel: lanes, each its own context and KVMem session
     verbosity: int = 3
     slots_endpoint: bool = True  # --slots / --no-slots
     reasoning_format: str = "auto"  # --reasoning-format: none | auto | deepseek | deepseek-legacy

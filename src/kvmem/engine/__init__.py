@@ -3,6 +3,7 @@
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
 from .engine import Engine, EngineSettings
+from .lanes import MAX_LANES, EngineLanes
 from .model import GpuPlacement, ModelInfo, default_model_path, resolve_model_path
 from .sampler import SamplingParams
 from .session import KVMemSession
@@ -10,11 +11,13 @@ from .trace import EngineStats, FinishReason, TurnStats
 
 __all__ = [
     "Engine",
+    "EngineLanes",
     "EngineSettings",
     "EngineStats",
     "FinishReason",
     "KVMemSession",
     "GpuPlacement",
+    "MAX_LANES",
     "ModelInfo",
     "PromptSpans",
     "SamplingParams",

@@ -20,10 +20,12 @@ from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.rope import k_rotation_size
 from kvmem.memory.spans import PromptSpans
+from kvmem.memory.tiered_store import MIB
 from kvmem.spec_config import SpecConfig
 
 from .background_index import BackgroundIndex
 from .context import ContextSettings, LlamaContext
+from .conversation_disk import ConversationDisk
 from .conversations import ConversationPool
 from .kv_transfer import STAGING_BYTES
 from .llama_lib import ggml_base
@@ -78,20 +80,30 @@ class EngineSettings:
 class Engine:
     """Loads a model once and serves one KVMem session on it."""
 
-    def __init__(self, settings: EngineSettings, trace_stream=None) -> None:
+    def __init__(
+        self, settings: EngineSettings, trace_stream=None, *, model: LlamaModel | None = None
+    ) -> None:
+        """`model`: weights loaded already and shared (a lane of `EngineLanes`); the
+        engine then makes only its own context and session, and leaves the model open."""
         settings.validate()
-        path = resolve_model_path(settings.model_path)
         self.settings = settings
-        self.disk_store = open_tiered_store(settings.kvmem)  # locks --kvmem-disk-dir first
+        kv = settings.kvmem
+        pooled_disk = kv.conversations > 1 and kv.disk_dir is not None
+        self.tracer = Tracer(kv.trace, trace_stream)
+        # --kvmem-disk-dir is locked first: one store, or one per conversation slot
+        self.conv_disk = ConversationDisk(kv, self.tracer) if pooled_disk else None
+        self.disk_store = None if pooled_disk else open_tiered_store(kv)
         self.persister: SessionPersister | None = None
-        self.model = LlamaModel(path, settings.n_gpu_layers, settings.placement)
+        self._owns_model = model is None
+        if model is None:
+            path = resolve_model_path(settings.model_path)
+            model = LlamaModel(path, settings.n_gpu_layers, settings.placement)
+        self.model = model
         self._check_hybrid(settings)
         train_ctx = llama_cpp.llama_model_n_ctx_train(self.model.ptr)
         n_ctx = settings.n_ctx or train_ctx
         self.info: ModelInfo = self.model.describe(n_ctx)
-        kv = settings.kvmem
         cells = min(kv.gpu_cells, n_ctx) if kv.enabled else n_ctx
-        self.tracer = Tracer(kv.trace, trace_stream)
         self.key_geometry: KeyGeometry | None = None
         index, capture = self._retrieval_parts()
         self._capture = capture
@@ -116,6 +128,9 @@ class Engine:
         if settings.vision is not None:
             self.vision = VisionProjector(self.model, settings.vision)
             self.ctx.vision = self.vision  # decodes the image rows of a prompt
+        store = self.disk_store  # (a TieredStore is falsy while empty: compare with None)
+        if self.conv_disk is not None:
+            store = self.conv_disk.open_store(0)
         self.session = KVMemSession(
             self.ctx,
             kv,
@@ -124,7 +139,7 @@ class Engine:
             capture,
             self.tracer,
             self.is_eog,
-            store=self.disk_store,
+            store=store,
             staging_bytes=settings.staging_bytes,
             spec=spec_decoder(settings.spec),
         )
@@ -132,8 +147,15 @@ class Engine:
             self._load_stored_session(index)
         self.pool: ConversationPool | None = None
         if kv.conversations > 1:
+            if self.conv_disk is not None:
+                self.conv_disk.fingerprint = self._fingerprint(index)
             self.pool = ConversationPool(
-                kv.conversations, self.session, self._new_session, self.tracer
+                kv.conversations,
+                self.session,
+                self._new_session,
+                self.tracer,
+                disk=self.conv_disk,
+                cap_bytes=kv.conversations_mib * MIB,
             )
         self.stats = EngineStats(gpu_cells_max=self.session.capacity)
         self._eog: tuple[int, ...] | None = None
@@ -151,7 +173,8 @@ class Engine:
         kv = settings.kvmem
         flag = "--kvmem-disk-dir" if kv.disk_dir else "--kvmem-conversations"
         if self.model.is_hybrid and (kv.disk_dir or kv.conversations > 1):
-            self.model.close()
+            if self._owns_model:
+                self.model.close()
             if self.disk_store is not None:
                 self.disk_store.close()
             raise ConfigError(
@@ -160,13 +183,15 @@ class Engine:
                 "neither persisted nor switched between conversations",
             )
 
-    def _new_session(self) -> KVMemSession:
-        """Another conversation on this context (--kvmem-conversations)."""
+    def _new_session(self, slot: int) -> KVMemSession:
+        """Another conversation on this context (--kvmem-conversations); with a disk dir
+        its store is DIR/conversation-<slot>."""
         kv, index = self.settings.kvmem, None
         if self.key_geometry is not None and kv.method is RetrievalMethod.RETRIEVAL:
             layers = kv.score_layers or default_score_layers(self.info.n_layer)
             workers = max(1, min(4, (os.cpu_count() or 2) // 4))
             index = BackgroundIndex(self.key_geometry, layers, workers)
+        store = self.conv_disk.open_store(slot) if self.conv_disk is not None else None
         return KVMemSession(
             self.ctx,
             kv,
@@ -175,14 +200,14 @@ class Engine:
             self._capture,
             self.tracer,
             self.is_eog,
+            store,
             staging_bytes=self.settings.staging_bytes,
             spec=spec_decoder(self.settings.spec),
         )
 
-    def _load_stored_session(self, index: RetrievalIndex | None) -> None:
-        assert self.disk_store is not None
+    def _fingerprint(self, index: RetrievalIndex | None) -> dict[str, str]:
         geometry = self.key_geometry
-        fingerprint = store_fingerprint(
+        return store_fingerprint(
             self.info,
             self.settings.kvmem,
             self.settings.cache_types,
@@ -190,6 +215,10 @@ class Engine:
             geometry.k_rotation if geometry is not None else 0,
             index.layers if index is not None else (),
         )
+
+    def _load_stored_session(self, index: RetrievalIndex | None) -> None:
+        assert self.disk_store is not None
+        fingerprint = self._fingerprint(index)
         self.persister = SessionPersister(self.session, self.disk_store, fingerprint, self.tracer)
         self.persister.load()
 
@@ -311,10 +340,25 @@ class Engine:
             self._persist()
 
     def _persist(self) -> None:
-        """Checkpoint the session to --kvmem-disk-dir (queued behind the block writes)."""
+        """Checkpoint the session to --kvmem-disk-dir (queued behind the block writes);
+        with conversations, the active one, then the pool's memory cap."""
         if self.persister is not None:
             self.persister.persist()
             self.persister.emit_tier()
+        if self.pool is not None:
+            self.pool.persist()
+            if self.pool.enforce_cap():
+                self.stats.conversations_evicted = self.pool.evicted
+                self._account_stores()
+
+    def route_score(self, prompt: Sequence[int]) -> int:
+        """What routing `prompt` to this lane gains: the tokens it reuses less the tokens
+        of history it would drop (with conversations, none: a new one gets its own slot)."""
+        if self.pool is not None:
+            return self.pool.best_prefix(prompt)
+        table = self.session.table
+        shared = table.common_prefix(prompt)
+        return shared - (table.n_tokens - shared)
 
     def window_tiers(self) -> dict[str, list[int]]:
         """The blocks each tier of the last window plan holds."""
@@ -332,9 +376,7 @@ class Engine:
 
     def _account(self, turn: TurnStats) -> None:
         self.stats.add_turn(turn)
-        sessions = [c.session for c in self.pool.conversations] if self.pool else [self.session]
-        self.stats.host_store_bytes = sum(s.store.nbytes for s in sessions)
-        self.stats.host_blocks = sum(len(s.store) for s in sessions)
+        self._account_stores()
         if self.pool is not None:
             self.stats.conversations = sum(
                 1 for c in self.pool.conversations if c.first_prompt_tokens
@@ -344,22 +386,26 @@ class Engine:
             self.stats.conversations_evicted = self.pool.evicted
         self.stats.gpu_cells_used = self.session.window.cells_used()
         self.stats.gpu_cells_peak = self.session.window.peak_cells
-        store = self.disk_store
-        if store is not None:
-            t = store.tier
-            self.stats.tier_ram_hits, self.stats.tier_ram_misses = t.ram_hits, t.ram_misses
-            self.stats.tier_ram_bytes, self.stats.tier_ram_blocks = (
-                store.ram_bytes,
-                store.ram_blocks,
-            )
-            self.stats.tier_disk_bytes, self.stats.tier_disk_blocks = (
-                store.disk_bytes,
-                store.disk_blocks,
-            )
-            self.stats.tier_disk_read_bytes = t.disk_read_bytes
-            self.stats.tier_disk_write_bytes = t.disk_write_bytes
-            self.stats.tier_write_failures = t.write_failures
-            self.stats.tier_degraded = int(store.degraded is not None)
+        stores = [self.disk_store] if self.disk_store is not None else []
+        if self.conv_disk is not None:
+            stores = list(self.conv_disk.stores.values())
+        if stores:
+            st = self.stats
+            st.tier_ram_hits = sum(s.tier.ram_hits for s in stores)
+            st.tier_ram_misses = sum(s.tier.ram_misses for s in stores)
+            st.tier_ram_bytes = sum(s.ram_bytes for s in stores)
+            st.tier_ram_blocks = sum(s.ram_blocks for s in stores)
+            st.tier_disk_bytes = sum(s.disk_bytes for s in stores)
+            st.tier_disk_blocks = sum(s.disk_blocks for s in stores)
+            st.tier_disk_read_bytes = sum(s.tier.disk_read_bytes for s in stores)
+            st.tier_disk_write_bytes = sum(s.tier.disk_write_bytes for s in stores)
+            st.tier_write_failures = sum(s.tier.write_failures for s in stores)
+            st.tier_degraded = int(any(s.degraded is not None for s in stores))
+
+    def _account_stores(self) -> None:
+        sessions = [c.session for c in self.pool.conversations] if self.pool else [self.session]
+        self.stats.host_store_bytes = sum(s.store.nbytes for s in sessions)
+        self.stats.host_blocks = sum(len(s.store) for s in sessions)
 
     def transfer_profile(self) -> dict[str, dict[str, float | int | None]]:
         """Time and bytes per data-movement path since the last reset (TransferPath), with
@@ -390,7 +436,8 @@ class Engine:
         self.ctx.close()
         if self.vision is not None:
             self.vision.close()
-        self.model.close()
+        if self._owns_model:
+            self.model.close()
 
 
 def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:

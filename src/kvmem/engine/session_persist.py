@@ -20,6 +20,7 @@ prefix only processes its suffix.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import time
@@ -167,7 +168,9 @@ class SessionPersister:
         self.tracer = tracer
         self.directory = store.directory
         self.loaded_tokens = 0
-        self._committed: tuple[int, tuple[bytes, ...]] | None = None
+        self.extra: dict[str, Any] = {}  # written with each checkpoint (a pool's fields)
+        self.loaded_extra: dict[str, Any] = {}  # what the loaded manifest held
+        self._committed: tuple[int, tuple[bytes, ...], str] | None = None
         self._warned_degraded = False
 
     # start -------------------------------------------------------------------------------
@@ -201,6 +204,8 @@ class SessionPersister:
             return 0
         n_ok = self._adopt_blocks(manifest)
         self.loaded_tokens = n_ok * manifest.block_tokens
+        self.loaded_extra = manifest.extra
+        self._restore_frontier(manifest.extra.get("frontier"))
         ms = (time.perf_counter() - t0) * 1e3
         logger.info(
             "kvmem session store %s: restored %d tokens (%d of %d blocks) in %.0f ms",
@@ -265,6 +270,13 @@ class SessionPersister:
         s.window.note_peak()
         return n_ok
 
+    def _restore_frontier(self, frontier: object) -> None:
+        """Tokens from the stored frontier saw a chosen window: the next turn recomputes
+        them, as the process that stored them would have."""
+        if isinstance(frontier, int) and 0 <= frontier < self.loaded_tokens:
+            self.session.frontier = frontier
+            logger.info("kvmem session store: tokens from %d are recomputed (frontier)", frontier)
+
     def _wipe(self) -> None:
         """Start fresh: forget the stored manifest and block files."""
         (self.directory / MANIFEST_NAME).unlink(missing_ok=True)
@@ -307,6 +319,8 @@ class SessionPersister:
                 stacked = np.stack([mean, lo, hi], axis=1)  # [n_need, 3, n_scored, n_kv, hd]
                 summaries = {b: stacked[i] for i, b in enumerate(need)}
         vmap = dict(zip(ids, versions, strict=True))
+        extra = {**self.extra, "frontier": s.frontier}
+        extra_key = json.dumps(extra, sort_keys=True)
 
         def job(store: TieredStore) -> None:
             digests: list[bytes] = []
@@ -316,7 +330,7 @@ class SessionPersister:
                     break
                 digests.append(d)
             k = len(digests)
-            key = (k, tuple(digests))
+            key = (k, tuple(digests), extra_key)
             if key == self._committed:
                 return
             try:
@@ -326,7 +340,7 @@ class SessionPersister:
                         store.mark_summary_saved(b, vmap[b])
                 write_manifest(
                     self.directory,
-                    SessionManifest(self.fingerprint, bt, tokens[: k * bt], digests, layout),
+                    SessionManifest(self.fingerprint, bt, tokens[: k * bt], digests, layout, extra),
                 )
             except OSError as exc:
                 logger.warning("kvmem session checkpoint failed: %s", exc.strerror or exc)

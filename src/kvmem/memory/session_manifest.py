@@ -3,7 +3,7 @@
 `DIR/session.kvm` (the commit point, replaced atomically by rename):
 
     4s magic b"KVMS"   u32 version   u64 meta_len
-    meta: UTF-8 JSON {fingerprint, block_tokens, n_blocks, layout}
+    meta: UTF-8 JSON {fingerprint, block_tokens, n_blocks, layout, extra}
     int32 tokens [n_blocks * block_tokens]   (the complete blocks' tokens)
     n_blocks x 16-byte BLAKE2b digests of the block files
     16 bytes: BLAKE2b-128 of everything before it
@@ -46,6 +46,9 @@ class SessionManifest:
     tokens: np.ndarray  # int32 [n_blocks * block_tokens]
     digests: list[bytes] = field(default_factory=list)  # per block, the block file's digest
     layout: dict[str, Any] = field(default_factory=dict)  # the engine's KV row layout
+    # session state beyond the blocks: "frontier" (first position to recompute), and for a
+    # conversation of a pool "first_prompt_tokens" and "last_used" (wall-clock seconds)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def n_blocks(self) -> int:
@@ -93,6 +96,7 @@ def write_manifest(directory: Path, manifest: SessionManifest) -> None:
             "block_tokens": manifest.block_tokens,
             "n_blocks": manifest.n_blocks,
             "layout": manifest.layout,
+            "extra": manifest.extra,
         },
         sort_keys=True,
     ).encode()
@@ -131,7 +135,8 @@ def read_manifest(directory: Path) -> SessionManifest | None:
     digests = [
         bytes(body[off + i * DIGEST_BYTES : off + (i + 1) * DIGEST_BYTES]) for i in range(n_blocks)
     ]
-    return SessionManifest(fingerprint, bt, tokens, digests, dict(meta.get("layout") or {}))
+    layout, extra = dict(meta.get("layout") or {}), dict(meta.get("extra") or {})
+    return SessionManifest(fingerprint, bt, tokens, digests, layout, extra)
 
 
 def summary_path(directory: Path, block_id: int) -> Path:

@@ -87,7 +87,7 @@ class TieredStore:
         self.directory = Path(directory)
         self.blocks_dir = self.directory / "blocks"
         self.blocks_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_file = _lock_directory(self.directory)
+        self._lock_file = lock_directory(self.directory)
         for stale in [*self.blocks_dir.glob(".b*.tmp"), *self.directory.glob(".*.tmp")]:
             stale.unlink(missing_ok=True)  # a write a killed process left half done
         self.ram_cap = ram_cap_bytes  # 0: unlimited
@@ -393,7 +393,7 @@ class TieredStore:
         )
 
 
-def _lock_directory(directory: Path) -> IO[bytes]:
+def lock_directory(directory: Path) -> IO[bytes]:
     """Hold an exclusive lock on DIR/lock for the store's life (one process per store)."""
     fh = open(directory / "lock", "ab")  # noqa: SIM115 - held until close()
     try:

@@ -55,8 +55,10 @@ class ServerState:
 
 
 def default_engine_factory(settings: ServerSettings) -> ChatEngine:
-    from kvmem.engine import Engine
+    from kvmem.engine import Engine, EngineLanes
 
+    if settings.parallel > 1:
+        return EngineLanes(settings.engine, settings.parallel)  # type: ignore[return-value]
     return Engine(settings.engine)
 
 

@@ -272,7 +272,7 @@ class ServerMetrics:
             ),
             (
                 "kvmem_requests_processing",
-                "requests generating now (0 or 1)",
+                "requests generating now (busy lanes)",
                 "gauge",
                 self.processing,
             ),

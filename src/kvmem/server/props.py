@@ -57,9 +57,18 @@ def models_body(settings: ServerSettings, info: ModelInfoLike) -> dict[str, Any]
     }
 
 
-def kvmem_body(settings: ServerSettings) -> dict[str, Any]:
+def gpu_cells(settings: ServerSettings, n_ctx: int) -> int:
+    """KV cells of all lanes' contexts: N x (budget + reserve), each at most n_ctx."""
+    kv = settings.engine.kvmem
+    per_lane = min(kv.gpu_cells, n_ctx) if kv.enabled else n_ctx
+    return settings.parallel * per_lane
+
+
+def kvmem_body(settings: ServerSettings, n_ctx: int) -> dict[str, Any]:
     kv = settings.engine.kvmem
     return {
+        "lanes": settings.parallel,
+        "gpu_cells": gpu_cells(settings, n_ctx),
         "enabled": kv.enabled,
         "block_tokens": kv.block_tokens,
         "budget": kv.budget,
@@ -101,7 +110,7 @@ def props_body(
     thinking = settings.thinking
     return {
         "default_generation_settings": {"id": 0, "n_ctx": info.n_ctx, "params": params},
-        "total_slots": 1,  # one KVMem lane, whatever --parallel asked for
+        "total_slots": settings.parallel,  # --parallel lanes
         "model_alias": served_model_id(settings, info),
         "model_path": info.path,
         "n_ctx": info.n_ctx,
@@ -125,6 +134,6 @@ def props_body(
         "build_info": build_info(),
         **ui_props(settings),
         "auth": {"enabled": settings.api_keys.enabled},
-        "kvmem": kvmem_body(settings),
+        "kvmem": kvmem_body(settings, info.n_ctx),
         "speculative": settings.engine.spec.describe(),
     }

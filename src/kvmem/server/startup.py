@@ -137,6 +137,6 @@ def ready_record(settings: ServerSettings, info: ModelInfoLike, stats: Any) -> d
         "vision": settings.mmproj is not None,
         "mtp": False,
         "speculative": settings.engine.spec.describe(),
-        "slots": 1,
+        "slots": settings.parallel,
         "queue_size": settings.queue_size,
     }

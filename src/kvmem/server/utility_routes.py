@@ -172,13 +172,15 @@ async def slots(request: Request) -> JSONResponse:
             "not_supported_error",
         )
     assert state.info is not None
-    busy = state.worker.busy
-    slot = {
-        "id": 0,
-        "id_task": -1,
-        "n_ctx": state.info.n_ctx,
-        "speculative": False,
-        "is_processing": busy,
-        "kvmem": True,
-    }
-    return JSONResponse([slot])
+    slots = [
+        {
+            "id": i,
+            "id_task": -1,
+            "n_ctx": state.info.n_ctx,
+            "speculative": False,
+            "is_processing": busy,
+            "kvmem": True,
+        }
+        for i, busy in enumerate(state.worker.lanes_busy())
+    ]
+    return JSONResponse(slots)

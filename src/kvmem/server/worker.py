@@ -1,8 +1,11 @@
-"""The engine worker: one thread owns the engine; requests wait in a bounded queue.
+"""The engine worker: one thread per lane owns its engine; requests wait in a bounded queue.
 
-The thread loads the model (the server answers /health with 503 meanwhile), then runs one
-job at a time: tokenize the rendered prompt, check the context size, run the turn and
-send every event through the job's channel. A job whose client went away (cancel set)
+The first thread loads the model (the server answers /health with 503 meanwhile); with
+`--parallel N` the loaded `EngineLanes` has N lanes and N - 1 more threads start. Each
+lane runs one job at a time: tokenize the rendered prompt, check the context size, run
+the turn and send every event through the job's channel. A waiting job goes to the free
+lane whose history shares the longest prefix with it (`_route`); a busy lane is never
+taken. The queue bound counts the jobs beyond the free lanes. A job whose client went away (cancel set)
 is skipped, or stopped at the next token; the session then holds exactly the tokens
 produced so far, which the next request reuses as far as they match.
 """
@@ -12,10 +15,12 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 
-from kvmem.chat.prompt import tokenize_prompt
+from kvmem.chat.prompt import PromptTokens, tokenize_prompt
 from kvmem.chat.protocol import ChatEngine
 from kvmem.chat.turn import TurnDone, run_turn
 from kvmem.errors import (
@@ -35,12 +40,29 @@ from kvmem.server.slot_job import SlotJob
 
 logger = logging.getLogger(__name__)
 
+Job = ChatJob | CompletionJob | SlotJob
+
 
 class WorkerState(Enum):
     LOADING = "loading"
     READY = "ready"
     FAILED = "failed"
     STOPPED = "stopped"
+
+
+@dataclass(slots=True, eq=False)
+class _Lane:
+    """One lane: its engine, the job it runs and the job routed to it."""
+
+    index: int
+    engine: ChatEngine
+    current: Job | None = None
+    assigned: tuple[Job, PromptTokens | None] | None = None
+    last_used: float = 0.0
+
+    @property
+    def free(self) -> bool:
+        return self.current is None and self.assigned is None
 
 
 class EngineWorker:
@@ -57,10 +79,12 @@ class EngineWorker:
         self._metrics = metrics
         self._on_ready = on_ready
         self._on_failed = on_failed
-        self._pending: collections.deque[ChatJob | CompletionJob] = collections.deque()
+        self._pending: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
-        self._current: ChatJob | CompletionJob | None = None
+        self._lanes: list[_Lane] = []
+        self._busy_count = 0  # lanes running a job (kvmem_requests_processing)
+        self._stats_source: ChatEngine | None = None  # the loaded engine (all lanes' stats)
         self.state = WorkerState.LOADING
         self.load_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="kvmem-engine", daemon=True)
@@ -75,18 +99,22 @@ class EngineWorker:
 
     @property
     def busy(self) -> bool:
-        """A job is running (the /slots `is_processing`)."""
-        with self._cond:
-            return self._current is not None
+        """A job is running on some lane."""
+        return any(self.lanes_busy())
 
-    def submit(self, job: ChatJob | CompletionJob | SlotJob) -> None:
+    def lanes_busy(self) -> list[bool]:
+        """Per lane, whether it runs (or was handed) a job: the /slots `is_processing`."""
+        with self._cond:
+            return [not lane.free for lane in self._lanes]
+
+    def submit(self, job: Job) -> None:
         """Queue `job`; EngineNotReadyError while loading, QueueFullError past the bound."""
         with self._cond:
             if self._stopping:
                 raise ServerShuttingDownError("the server is shutting down")
             if self.state is not WorkerState.READY:
                 raise EngineNotReadyError(f"the model is not ready ({self.state.value})")
-            capacity = self._queue_size + (1 if self._current is None else 0)
+            capacity = self._queue_size + sum(1 for lane in self._lanes if lane.free)
             if len(self._pending) >= capacity:
                 self._metrics.record_rejected()
                 raise QueueFullError(
@@ -95,24 +123,34 @@ class EngineWorker:
                 )
             self._pending.append(job)
             self._metrics.deferred = len(self._pending)
-            self._cond.notify()
+            self._cond.notify_all()
 
     def cancel_all(self) -> None:
-        """Stop the running generation and refuse every waiting job (shutdown)."""
+        """Stop the running generations and refuse every waiting job (shutdown)."""
         with self._cond:
             self._stopping = True
-            if self._current is not None:
-                self._current.cancel.set()
-            for job in self._pending:
+            waiting = list(self._pending)
+            for lane in self._lanes:
+                if lane.current is not None:
+                    lane.current.cancel.set()
+                if lane.assigned is not None:
+                    waiting.append(lane.assigned[0])
+                    lane.assigned = None
+            for job in waiting:
                 job.cancel.set()
                 job.channel.put(JobFailed(ServerShuttingDownError("the server is shutting down")))
             self._pending.clear()
             self._metrics.deferred = 0
             self._cond.notify_all()
 
-    def withdraw(self, job: ChatJob) -> None:
+    def withdraw(self, job: Job) -> None:
         """Take a job whose client went away out of the queue (a no-op once it runs)."""
         with self._cond:
+            for lane in self._lanes:
+                if lane.assigned is not None and lane.assigned[0] is job:
+                    lane.assigned = None
+                    self._cond.notify_all()
+                    return
             try:
                 self._pending.remove(job)
             except ValueError:
@@ -120,8 +158,8 @@ class EngineWorker:
             self._metrics.deferred = len(self._pending)
 
     def stop(self) -> None:
-        """cancel_all, then wait until the engine thread has left llama.cpp and closed the
-        engine (a running prefill stops at its next chunk, a generation at its next token;
+        """cancel_all, then wait until every lane has left llama.cpp and the engine is
+        closed (a running prefill stops at its next chunk, a generation at its next token;
         a model still loading finishes loading first). Python must not exit while a
         llama.cpp call is in flight."""
         self.cancel_all()
@@ -132,7 +170,7 @@ class EngineWorker:
             self._thread.join(1.0)
             waited += 1.0
             if self._thread.is_alive() and waited % 10 == 0:
-                logger.warning("waiting for the engine thread to stop (%.0f s)", waited)
+                logger.warning("waiting for the engine threads to stop (%.0f s)", waited)
 
     def _run(self) -> None:
         try:
@@ -144,31 +182,101 @@ class EngineWorker:
                 self._on_failed(exc)
             self.state = WorkerState.FAILED
             return
+        engines = list(getattr(engine, "lanes", None) or [engine])  # EngineLanes: N lanes
         with self._cond:
+            self._lanes = [_Lane(i, e) for i, e in enumerate(engines)]
             self.state = WorkerState.READY if not self._stopping else WorkerState.STOPPED
+        self._stats_source = engine
         self._metrics.set_engine_stats(engine.stats)
         if self._on_ready is not None:
             self._on_ready(engine)
+        others = [
+            threading.Thread(target=self._serve, args=(lane,), name=f"kvmem-lane-{lane.index}")
+            for lane in self._lanes[1:]
+        ]
         try:
-            while True:
-                with self._cond:
-                    while not self._pending and not self._stopping:
-                        self._cond.wait()
-                    if self._stopping:
-                        break
-                    job = self._pending.popleft()
-                    self._metrics.deferred = len(self._pending)
-                    self._current = job
-                try:
-                    self._execute(engine, job)
-                finally:
-                    with self._cond:
-                        self._current = None
+            for thread in others:
+                thread.start()
+            self._serve(self._lanes[0])  # lane 0 runs on this thread
         finally:
+            for thread in others:
+                thread.join()
             self.state = WorkerState.STOPPED
             engine.close()
 
-    def _execute(self, engine: ChatEngine, job: ChatJob | CompletionJob) -> None:
+    def _serve(self, lane: _Lane) -> None:
+        """A lane's loop: run the jobs routed to it until shutdown; only this thread
+        touches the lane's llama.cpp context."""
+        while True:
+            taken = self._next_job(lane)
+            if taken is None:
+                return
+            job, prompt = taken
+            try:
+                self._execute(lane.engine, job, prompt)
+            finally:
+                with self._cond:
+                    lane.current = None
+                    lane.last_used = time.monotonic()
+                    self._cond.notify_all()
+
+    def _next_job(self, lane: _Lane) -> tuple[Job, PromptTokens | None] | None:
+        with self._cond:
+            while True:
+                if self._stopping:
+                    return None
+                if lane.assigned is not None:
+                    taken, lane.assigned = lane.assigned, None
+                    lane.current = taken[0]
+                    return taken
+                if self._pending:
+                    job = self._pending.popleft()
+                    target, prompt = self._route(job)
+                    if target is None:  # a slot action waits for its lane (slot 0: lane 0)
+                        self._pending.appendleft(job)
+                        self._cond.wait()
+                        continue
+                    self._metrics.deferred = len(self._pending)
+                    if target is lane:
+                        lane.current = job
+                        return job, prompt
+                    target.assigned = (job, prompt)
+                    self._cond.notify_all()
+                    continue
+                self._cond.wait()
+
+    def _route(self, job: Job) -> tuple[_Lane | None, PromptTokens | None]:
+        """The free lane that reuses the most of the job's prompt, less the history it would
+        drop (`route_score`; ties: the lane idle longest); a busy lane is never taken. Called under the lock
+        by a free lane, so one exists. A chat prompt tokenized here is passed on."""
+        if isinstance(job, SlotJob):  # /slots/0 is lane 0's session
+            first = self._lanes[0]
+            return (first if first.free else None), None
+        free = [lane for lane in self._lanes if lane.free]
+        if len(free) == 1:
+            return free[0], None
+        prompt: PromptTokens | None = None
+        if isinstance(job, CompletionJob):
+            tokens = job.tokens
+        else:
+            try:
+                prompt = tokenize_prompt(free[0].engine, job.rendered)
+            except Exception:  # _execute reports it on the lane it lands on
+                return min(free, key=lambda lane: lane.last_used), None
+            tokens = prompt.tokens
+
+        def score(lane: _Lane) -> tuple[int, float]:
+            prefix = getattr(lane.engine, "route_score", None)
+            return (prefix(tokens) if prefix is not None else 0, -lane.last_used)
+
+        return max(free, key=score), prompt
+
+    def _set_processing(self, delta: int) -> None:
+        with self._cond:
+            self._busy_count += delta
+            self._metrics.processing = self._busy_count
+
+    def _execute(self, engine: ChatEngine, job: Job, routed: PromptTokens | None = None) -> None:
         if job.cancel.is_set():
             error = (
                 ServerShuttingDownError("the server is shutting down")
@@ -177,7 +285,7 @@ class EngineWorker:
             )
             job.channel.put(JobFailed(error))
             return
-        self._metrics.processing = 1
+        self._set_processing(1)
         try:
             probe = getattr(job, "timing_probe", None)  # timings_per_token (live_timings.py)
             target = engine if probe is None else probe.wrap(engine)
@@ -189,7 +297,7 @@ class EngineWorker:
                         job.channel.put(TimingsSnapshot(probe.timings()))
                     job.channel.put(event)
                 return
-            prompt = tokenize_prompt(engine, job.rendered)
+            prompt = routed if routed is not None else tokenize_prompt(engine, job.rendered)
             n_ctx = engine.info.n_ctx
             if len(prompt.tokens) >= n_ctx:
                 raise ContextLengthExceededError(len(prompt.tokens), n_ctx)
@@ -219,8 +327,8 @@ class EngineWorker:
             self._metrics.record_failure()
             job.channel.put(JobFailed(exc))
         finally:
-            self._metrics.processing = 0
-            self._metrics.set_engine_stats(engine.stats)
+            self._set_processing(-1)
+            self._metrics.set_engine_stats((self._stats_source or engine).stats)
 
 
 def _log_turn(done: TurnDone) -> None:

@@ -1,0 +1,96 @@
+"""`--parallel N` lanes: N engines over one model's weights.
+
+The weights load once (one `llama_model`); every lane is an `Engine` with its own
+llama.cpp context of budget + reserve cells, its own KVMem session (block table, host
+store, retrieval index, GPU window) and, with `--kvmem-conversations`, its own pool of
+conversations. A lane's context is used by one thread at a time (the server's lane
+thread); lanes never share a context, so their generations run concurrently and their
+KV never mixes. `Engine` alone stays the N = 1 API of the CLI and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import fields
+
+from kvmem.errors import ConfigError
+
+from .engine import Engine, EngineSettings
+from .model import LlamaModel, ModelInfo, resolve_model_path
+from .trace import EngineStats
+
+logger = logging.getLogger(__name__)
+
+MAX_LANES = 4
+
+
+class EngineLanes:
+    """N lanes (`Engine`s) sharing one `LlamaModel`; closes them, then the model."""
+
+    def __init__(self, settings: EngineSettings, n: int, trace_stream=None) -> None:
+        if not 1 <= n <= MAX_LANES:
+            raise ConfigError("--parallel", f"must be between 1 and {MAX_LANES}, got {n}")
+        if n > 1 and settings.kvmem.disk_dir is not None:
+            raise ConfigError(
+                "--parallel", "several lanes with --kvmem-disk-dir are not supported yet"
+            )
+        settings.validate()
+        self.model = LlamaModel(resolve_model_path(settings.model_path), settings.n_gpu_layers)
+        self.lanes: list[Engine] = []
+        try:
+            for _ in range(n):
+                self.lanes.append(Engine(settings, trace_stream, model=self.model))
+        except BaseException:
+            self.close()
+            raise
+        logger.info(
+            "%d lanes on one model: %d GPU cells in all",
+            n,
+            sum(e.session.capacity for e in self.lanes),
+        )
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.lanes[0].info
+
+    @property
+    def stats(self) -> EngineStats:
+        """The lanes' counters and gauges summed (cells: N x (budget + reserve))."""
+        return combined_stats([e.stats for e in self.lanes])
+
+    # text (the shared vocabulary: any lane answers, from any thread) --------------------
+    def tokenize(
+        self, text: str, *, add_special: bool = False, parse_special: bool = True
+    ) -> list[int]:
+        return self.lanes[0].tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.lanes[0].token_bytes(token)
+
+    def detokenize(self, tokens) -> str:
+        return self.lanes[0].detokenize(tokens)
+
+    def eog_tokens(self) -> tuple[int, ...]:
+        return self.lanes[0].eog_tokens()
+
+    def is_eog(self, token: int) -> bool:
+        return self.lanes[0].is_eog(token)
+
+    def check_grammar(self, grammar: str) -> None:
+        self.lanes[0].check_grammar(grammar)
+
+    def window_tiers(self) -> dict[str, list[int]]:
+        return self.lanes[0].window_tiers()
+
+    def close(self) -> None:
+        for engine in self.lanes:
+            engine.close()
+        self.lanes = []
+        self.model.close()
+
+
+def combined_stats(parts: list[EngineStats]) -> EngineStats:
+    total = EngineStats()
+    for f in fields(EngineStats):
+        setattr(total, f.name, sum(getattr(p, f.name) for p in parts))
+    return total
