@@ -35,7 +35,8 @@ class EngineLanes:
                 "--parallel", "several lanes with --kvmem-disk-dir are not supported yet"
             )
         settings.validate()
-        self.model = LlamaModel(resolve_model_path(settings.model_path), settings.n_gpu_layers)
+        path = resolve_model_path(settings.model_path)
+        self.model = LlamaModel(path, settings.n_gpu_layers, settings.placement)
         self.lanes: list[Engine] = []
         try:
             for _ in range(n):
