@@ -147,8 +147,13 @@ class ChatTemplate:
         tools: list[dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> str:
+        now = datetime.datetime.now(datetime.timezone.utc)
         context: dict[str, Any] = {
-            "date_string": datetime.date.today().strftime("%d %b %Y"),
+            "date_string": now.strftime("%d %b %Y"),
+            # what llama.cpp gives firefunction-style templates: the time and the tools as
+            # indented JSON ("" without tools)
+            "datetime": now.strftime("%b %d %Y %H:%M:%S GMT"),
+            "functions": json.dumps(tools, indent=2) if tools else "",
             **kwargs,
             "messages": messages,
             "add_generation_prompt": add_generation_prompt,

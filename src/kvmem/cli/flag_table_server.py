@@ -39,7 +39,8 @@ SERVER_TABLE: tuple[Flag, ...] = (
       "LLAMA_ARG_HOST", metavar="HOST"),
     F(("--port",), "port", "port to listen on", t.port, 8080, "LLAMA_ARG_PORT", metavar="PORT"),
     F(("-np", "--parallel"), "parallel",
-      "lanes (1-4): concurrent generations, each its own context and KVMem window",
+      "lanes (1-4): concurrent generations, each its own context and KVMem window; "
+      "each lane's logical context is -c / N",
       t.parallel_slots, 1, "LLAMA_ARG_N_PARALLEL", metavar="N"),
     F(("--slots",), "slots", "expose GET /slots (501 without)", None, True,
       "LLAMA_ARG_ENDPOINT_SLOTS", negative=("--no-slots",)),

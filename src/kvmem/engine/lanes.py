@@ -3,7 +3,8 @@
 The weights load once (one `llama_model`); every lane is an `Engine` with its own
 llama.cpp context of budget + reserve cells, its own KVMem session (block table, host
 store, retrieval index, GPU window) and, with `--kvmem-conversations`, its own pool of
-conversations. A lane's context is used by one thread at a time (the server's lane
+conversations. As llama-server divides `-c` among its slots, each lane's logical context is
+`-c / N`. A lane's context is used by one thread at a time (the server's lane
 thread); lanes never share a context, so their generations run concurrently and their
 KV never mixes. `Engine` alone stays the N = 1 API of the CLI and the benchmarks.
 """
@@ -11,7 +12,9 @@ KV never mixes. `Engine` alone stays the N = 1 API of the CLI and the benchmarks
 from __future__ import annotations
 
 import logging
-from dataclasses import fields
+from dataclasses import fields, replace
+
+import llama_cpp
 
 from kvmem.errors import ConfigError
 
@@ -37,6 +40,9 @@ class EngineLanes:
         settings.validate()
         path = resolve_model_path(settings.model_path)
         self.model = LlamaModel(path, settings.n_gpu_layers, settings.placement)
+        if n > 1:  # as llama-server's slots: each lane's context is -c / N
+            total = settings.n_ctx or llama_cpp.llama_model_n_ctx_train(self.model.ptr)
+            settings = replace(settings, n_ctx=max(1, total // n))
         self.lanes: list[Engine] = []
         try:
             for _ in range(n):

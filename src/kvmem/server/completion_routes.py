@@ -36,6 +36,7 @@ from kvmem.server.completion_schema import (
     parse_completion_request,
     prompt_parts,
 )
+from kvmem.server.disconnect import next_or_disconnect
 from kvmem.server.error_map import error_payload
 from kvmem.server.json_body import parse_json_body
 from kvmem.server.live_timings import TimingProbe, TimingsSnapshot
@@ -136,13 +137,10 @@ def _prompt_text(vocab: ChatEngine, tokens: list[int]) -> str:
 
 
 async def _next(request: Request, job: CompletionJob) -> Any:
-    while True:
-        try:
-            return await asyncio.wait_for(job.channel.get(), timeout=0.25)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                job.cancel.set()
-                return None
+    alive, event = await next_or_disconnect(request, job.channel)
+    if not alive:
+        job.cancel.set()
+    return event
 
 
 async def _collect(request: Request, job: CompletionJob) -> tuple[list[CompletionToken], Any]:

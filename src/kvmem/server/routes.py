@@ -16,6 +16,7 @@ from kvmem.errors import EngineNotReadyError, InvalidRequestError, ServerShuttin
 from kvmem.server.auth import require_api_key
 from kvmem.server.channel import EventChannel, JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob, prepare_chat_job
+from kvmem.server.disconnect import next_or_disconnect
 from kvmem.server.error_map import envelope, error_payload, failed_response
 from kvmem.server.json_body import parse_json_body
 from kvmem.server.live_timings import TimingsSnapshot
@@ -39,8 +40,6 @@ logger = logging.getLogger(__name__)
 
 health_router = APIRouter()
 api_router = APIRouter(dependencies=[Depends(require_api_key)])
-
-DISCONNECT_POLL_S = 0.25
 
 
 def _state(request: Request) -> ServerState:
@@ -110,14 +109,11 @@ async def _next_event(
 ) -> Any:
     """The job's next event; None when the client went away (the job is then cancelled
     and, if it is still waiting, leaves the queue at once)."""
-    while True:
-        try:
-            return await asyncio.wait_for(channel.get(), timeout=DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                job.cancel.set()
-                state.worker.withdraw(job)
-                return None
+    alive, event = await next_or_disconnect(request, channel)
+    if not alive:
+        job.cancel.set()
+        state.worker.withdraw(job)
+    return event
 
 
 @api_router.post("/v1/chat/completions")
