@@ -26,7 +26,7 @@ def plan(selected: tuple[int, ...]) -> WindowPlan:
         unpinned={},
         keep=selected,
         stage_in=(),
-        stage_out=(),
+        evict=(),
     )
 
 

@@ -86,7 +86,7 @@ def test_ngram_drafts_keep_greedy_output(smollm2_path, budget, reserve, n_filler
         assert drafted.session.window.peak_cells <= budget + reserve
         if n_filler:  # reselection moved blocks in, and the reserve spilled
             assert st.stage_in_blocks > 0 and st.spilled_blocks >= 1
-            assert st.stage_out_blocks == ref.stage_out_blocks
+            assert st.harvested_blocks == ref.harvested_blocks
         # only accepted tokens were recorded and harvested: the history equals plain's
         assert drafted.session.tokens == plain.session.tokens
         s_d, s_p = drafted.session.store, plain.session.store

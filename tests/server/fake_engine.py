@@ -44,7 +44,7 @@ class FakeTurnStats:
     finish_reason: str = "stop"
     replayed_tokens: int = 0
     stage_in_blocks: int = 0
-    stage_out_blocks: int = 0
+    harvested_blocks: int = 0
     truncated_tokens: int = 0
     reselect_ms: float = 0.0
 
@@ -55,9 +55,9 @@ class FakeStats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     stage_in_bytes: int = 0
-    stage_out_bytes: int = 0
+    harvested_bytes: int = 0
     stage_in_blocks: int = 0
-    stage_out_blocks: int = 0
+    harvested_blocks: int = 0
     reselect_ms: float = 0.0
     replayed_tokens: int = 0
     spilled_blocks: int = 0

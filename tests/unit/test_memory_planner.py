@@ -45,7 +45,7 @@ def test_everything_fits_holds_every_block_and_reports_the_tiers() -> None:
     plan = plan_window(_config(), request, on_gpu=[0, 1, 2, 3], scores=None)
     assert plan.fits
     assert plan.selected == (0, 1, 2, 3, 4, 5)
-    assert plan.stage_in == (4, 5) and plan.keep == (0, 1, 2, 3) and plan.stage_out == ()
+    assert plan.stage_in == (4, 5) and plan.keep == (0, 1, 2, 3) and plan.evict == ()
     assert plan.tier(Tier.SINK) == (0,) and plan.tier(Tier.RECENT) == (4, 5)
     assert plan.tier(Tier.CONTROL) == (1, 2) and plan.tier(Tier.QUERY) == (3,)
     assert plan.retrieved == ()
@@ -68,7 +68,7 @@ def test_agent_loop_tiers_then_retrieval_by_score() -> None:
     }
     assert plan.unpinned == {Tier.TRAJECTORY: tuple(range(5, 16))}
     assert plan.selected == (0, 1, 2, 3, 4, 7, 12, 16, 17, 18, 19)
-    assert plan.keep == (0, 1, 2, 19) and plan.stage_out == (10,)
+    assert plan.keep == (0, 1, 2, 19) and plan.evict == (10,)
     assert plan.stage_in == (3, 4, 7, 12, 16, 17, 18)
 
 
@@ -218,7 +218,7 @@ def test_random_plans_match_reference() -> None:
         assert plan.selected == _reference(config, request, scores)
         assert plan.keep == tuple(b for b in plan.selected if b in on_gpu)
         assert plan.stage_in == tuple(b for b in plan.selected if b not in on_gpu)
-        assert plan.stage_out == tuple(sorted(on_gpu - set(plan.selected)))
+        assert plan.evict == tuple(sorted(on_gpu - set(plan.selected)))
         held = [b for blocks in plan.tiers.values() for b in blocks]
         if not plan.fits:
             assert sorted(held) == list(plan.selected)  # each block in exactly one tier

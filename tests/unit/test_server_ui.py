@@ -101,7 +101,7 @@ class RetrievingEngine(FakeEngine):
         for token in gen:
             if first:
                 t = self.last_turn
-                t.replayed_tokens, t.stage_in_blocks, t.stage_out_blocks = 3, 2, 1
+                t.replayed_tokens, t.stage_in_blocks, t.harvested_blocks = 3, 2, 1
                 t.reselect_ms = 1.5
                 first = False
             yield token

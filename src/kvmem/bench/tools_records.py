@@ -37,7 +37,7 @@ class RoundRecord:
     gpu_used_bytes: int | None
     stage_in_blocks: float | None
     stage_in_bytes: float | None
-    stage_out_bytes: float | None
+    harvested_bytes: float | None
     reselect_s: float | None
     replayed_tokens: float | None
     host_store_bytes: float | None
@@ -58,7 +58,7 @@ class ToolsSummary:
     peak_rss_bytes: int | None
     peak_gpu_used_bytes: int | None
     stage_in_bytes: float | None
-    stage_out_bytes: float | None
+    harvested_bytes: float | None
     reselect_s: float | None
     reselect_share: float | None  # reselection time / all request time
     wall_s: float
@@ -67,7 +67,7 @@ class ToolsSummary:
 _METRIC_DELTAS = {
     "stage_in_blocks": ("kvmem_stage_in_blocks_total", 1.0),
     "stage_in_bytes": ("kvmem_stage_in_bytes_total", 1.0),
-    "stage_out_bytes": ("kvmem_stage_out_bytes_total", 1.0),
+    "harvested_bytes": ("kvmem_harvested_bytes_total", 1.0),
     "reselect_s": ("kvmem_reselect_seconds_total", 1.0),
     "replayed_tokens": ("kvmem_replayed_tokens_total", 1.0),
     "prompt_s": ("kvmem_prompt_seconds_total", 1.0),
@@ -101,7 +101,7 @@ def make_record(
     if kv:
         deltas["stage_in_blocks"] = kv.get("stage_in_blocks", deltas["stage_in_blocks"])
         deltas["stage_in_bytes"] = kv.get("stage_in_bytes", deltas["stage_in_bytes"])
-        deltas["stage_out_bytes"] = kv.get("stage_out_bytes", deltas["stage_out_bytes"])
+        deltas["harvested_bytes"] = kv.get("harvested_bytes", deltas["harvested_bytes"])
         if "reselect_ms" in kv:
             deltas["reselect_s"] = kv["reselect_ms"] / 1e3
         deltas["replayed_tokens"] = kv.get("replayed_tokens", deltas["replayed_tokens"])
@@ -140,7 +140,7 @@ def make_record(
         gpu_used_bytes=gpu,
         stage_in_blocks=deltas["stage_in_blocks"],
         stage_in_bytes=deltas["stage_in_bytes"],
-        stage_out_bytes=deltas["stage_out_bytes"],
+        harvested_bytes=deltas["harvested_bytes"],
         reselect_s=deltas["reselect_s"],
         replayed_tokens=deltas["replayed_tokens"],
         host_store_bytes=None if after is None else after.get("kvmem_host_store_bytes"),
@@ -178,7 +178,7 @@ def summarize_rounds(label: str, records: Sequence[RoundRecord]) -> ToolsSummary
         peak_rss_bytes=peak("rss_bytes"),
         peak_gpu_used_bytes=peak("gpu_used_bytes"),
         stage_in_bytes=total("stage_in_bytes"),
-        stage_out_bytes=total("stage_out_bytes"),
+        harvested_bytes=total("harvested_bytes"),
         reselect_s=reselect,
         reselect_share=None if reselect is None else _ratio(reselect, wall),
         wall_s=wall,

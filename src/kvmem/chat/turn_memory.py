@@ -33,7 +33,7 @@ class TurnMemory:
         self.prefill_tokens += stats.prefill_tokens
         self.replayed_tokens += stats.replayed_tokens
         self.retrieved_blocks += stats.stage_in_blocks
-        self.stored_blocks += stats.stage_out_blocks
+        self.stored_blocks += stats.harvested_blocks
         self.truncated_tokens += stats.truncated_tokens
         self.reselect_ms += stats.reselect_ms
         self.draft_n += getattr(stats, "draft_n", 0)

@@ -266,9 +266,9 @@ class KVMemSession:
             new=len(suffix),
             replayed=stats.replayed_tokens,
             stage_in=stats.stage_in_blocks,
-            stage_out=stats.stage_out_blocks,
+            harvested=stats.harvested_blocks,
             bytes_in=stats.stage_in_bytes,
-            bytes_out=stats.stage_out_bytes,
+            harvested_bytes=stats.harvested_bytes,
             ms=stats.prefill_ms,
         )
 

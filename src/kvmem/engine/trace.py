@@ -47,9 +47,9 @@ class TurnStats:
     generated_tokens: int = 0
     decode_ms: float = 0.0
     stage_in_blocks: int = 0
-    stage_out_blocks: int = 0
+    harvested_blocks: int = 0
     stage_in_bytes: int = 0
-    stage_out_bytes: int = 0  # bytes harvested to the host store
+    harvested_bytes: int = 0  # bytes harvested to the host store
     harvest_ms: float = 0.0
     restore_ms: float = 0.0
     score_ms: float = 0.0
@@ -77,9 +77,9 @@ class EngineStats:
     generated_tokens: int = 0
     decode_ms: float = 0.0
     stage_in_blocks: int = 0
-    stage_out_blocks: int = 0
+    harvested_blocks: int = 0
     stage_in_bytes: int = 0
-    stage_out_bytes: int = 0
+    harvested_bytes: int = 0
     reselect_ms: float = 0.0
     replayed_tokens: int = 0
     spilled_blocks: int = 0

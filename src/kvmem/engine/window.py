@@ -138,8 +138,8 @@ class GpuWindow:
         if self.config.enabled and done:
             res = self.transfer.harvest(done)
             self.table.mark_in_host(res.block_ids)
-            stats.stage_out_blocks += res.blocks
-            stats.stage_out_bytes += res.bytes
+            stats.harvested_blocks += res.blocks
+            stats.harvested_bytes += res.bytes
             stats.harvest_ms += res.ms
         self.note_peak()
 
@@ -292,7 +292,7 @@ class GpuWindow:
         plan, starts, bt = res.plan, res.starts, self.table.block_tokens
         # a block already moved is restored afresh rather than shifted a second time
         restage = [b for b in plan.keep if b in self.moved and self.moved[b] != starts[b]]
-        self.evict(list(plan.stage_out) + restage)
+        self.evict(list(plan.evict) + restage)
         resident = {b: self.start(b) for b in plan.keep if b not in restage}
         moved = self.transfer.move(resident, starts)
         for b in resident:
@@ -303,7 +303,7 @@ class GpuWindow:
         applied = Applied(
             stage_in=stats.stage_in_blocks - before[0],
             bytes_in=stats.stage_in_bytes - before[1],
-            evicted=len(plan.stage_out),
+            evicted=len(plan.evict),
             moved=moved,
             restore_ms=stats.restore_ms - before[2],
         )
@@ -325,7 +325,7 @@ class GpuWindow:
             selected=len(plan.selected),
             keep=len(plan.keep),
             stage_in=applied.stage_in,
-            stage_out=applied.evicted,
+            evict=applied.evicted,
             moved=applied.moved,
             bytes_in=applied.bytes_in,
             ms=ms,

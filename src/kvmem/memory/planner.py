@@ -100,7 +100,7 @@ class WindowPlan:
     unpinned: Mapping[Tier, tuple[int, ...]]  # a tier's blocks past its bound or the budget
     keep: tuple[int, ...]  # selected and resident: untouched
     stage_in: tuple[int, ...]  # selected, not resident: copy in from the host
-    stage_out: tuple[int, ...]  # resident, not selected: remove from the GPU
+    evict: tuple[int, ...]  # resident, not selected: remove from the GPU
     fits: bool = False  # every candidate fits: nothing was ranked
 
     def tier(self, tier: Tier) -> tuple[int, ...]:
@@ -321,6 +321,6 @@ def _diff(
         unpinned={t: unpinned[t] for t in Tier if t in unpinned},
         keep=tuple(b for b in chosen if b in resident),
         stage_in=tuple(b for b in chosen if b not in resident),
-        stage_out=tuple(sorted(resident - chosen_set)),
+        evict=tuple(sorted(resident - chosen_set)),
         fits=fits,
     )

@@ -40,9 +40,9 @@ _ENGINE_METRICS: tuple[tuple[str, str, str, float, str], ...] = (
         "counter",
     ),
     (
-        "kvmem_stage_out_bytes_total",
+        "kvmem_harvested_bytes_total",
         "KV bytes copied from the GPU to the host store",
-        "stage_out_bytes",
+        "harvested_bytes",
         1.0,
         "counter",
     ),
@@ -54,9 +54,9 @@ _ENGINE_METRICS: tuple[tuple[str, str, str, float, str], ...] = (
         "counter",
     ),
     (
-        "kvmem_stage_out_blocks_total",
+        "kvmem_harvested_blocks_total",
         "blocks copied to the host store",
-        "stage_out_blocks",
+        "harvested_blocks",
         1.0,
         "counter",
     ),
