@@ -14,7 +14,7 @@ from tests.conformance.suite import run_suite
 pytestmark = pytest.mark.slow
 
 CI_FILES = ("test_template", "test_tokenize")
-MIN_PASSED = 34  # of 38; the 4 failures are explained in docs/server.md
+MIN_PASSED = 37  # of 38; the one failure (test_tokenize_with_bos) is explained in docs/server.md
 
 
 def test_model_independent_files_pass() -> None:
