@@ -75,19 +75,3 @@ class TransferProfile:
             for path, t in self.paths.items()
             if t.calls
         }
-
-    def harvest_gb_s(self) -> float | None:
-        """End-to-end harvest bandwidth: bytes over state get + split + store put."""
-        return _combined(
-            self, TransferPath.STATE_GET, TransferPath.STATE_SPLIT, TransferPath.STORE_PUT
-        )
-
-    def restore_gb_s(self) -> float | None:
-        """End-to-end restore bandwidth: bytes over blob build + state set."""
-        return _combined(self, TransferPath.STATE_SET, TransferPath.STATE_BUILD)
-
-
-def _combined(profile: TransferProfile, first: TransferPath, *rest: TransferPath) -> float | None:
-    n_bytes = profile.paths[first].bytes
-    ms = sum(profile.paths[p].ms for p in (first, *rest))
-    return PathTiming(1, ms, n_bytes).gb_s
