@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvmem.config import KVMemConfig
-from kvmem.engine.context import MAIN_SEQ
+from kvmem.engine.batch_rows import MAIN_SEQ
 from kvmem.engine.state_codec import parse_state
 
 from .helpers import GREEDY, filler_tokens, make_engine

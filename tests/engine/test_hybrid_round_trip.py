@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvmem.engine.context import HARVEST_SEQ, RESTORE_SEQ, ContextSettings, LlamaContext
+from kvmem.engine.batch_rows import HARVEST_SEQ, RESTORE_SEQ
+from kvmem.engine.context import ContextSettings, LlamaContext
 from kvmem.engine.hybrid_codec import (
     RecurrentState,
     build_hybrid_state,

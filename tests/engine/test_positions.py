@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kvmem.config import KVMemConfig
-from kvmem.engine.context import MAIN_SEQ
+from kvmem.engine.batch_rows import MAIN_SEQ
 from kvmem.engine.state_codec import parse_state
 from kvmem.engine.window import TokenSpan
 from kvmem.memory.layout import PositionMode, head_run_end, window_layout

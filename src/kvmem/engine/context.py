@@ -14,16 +14,12 @@ import numpy as np
 from kvmem.errors import DecodeError, KVTransferError, ModelLoadError
 from kvmem.memory.ggml_types import GgmlType
 
+from .batch_rows import MAIN_SEQ, N_SEQ, fill_rows
 from .host_staging import StagingBuffer
 from .media_prefill import decode_mixed, has_standins
 from .model import LlamaModel
 
 logger = logging.getLogger(__name__)
-
-MAIN_SEQ = 0  # the conversation
-HARVEST_SEQ = 1  # staging sequence for reading blocks out
-RESTORE_SEQ = 2  # staging sequence for writing blocks in
-N_SEQ = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +49,9 @@ class Batch:
         n = len(tokens)
         assert 0 < n <= self.capacity
         raw = self.raw
-        raw.n_tokens = n
         for i, tok in enumerate(tokens):
             raw.token[i] = tok
-            raw.pos[i] = start_pos + i
-            raw.n_seq_id[i] = 1
-            raw.seq_id[i][0] = MAIN_SEQ
-            raw.logits[i] = 1 if logits[i] else 0
+        fill_rows(raw, n, start_pos, logits)
 
     def free(self) -> None:
         if self.raw is not None:

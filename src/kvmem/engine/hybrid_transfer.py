@@ -20,7 +20,8 @@ import numpy as np
 
 from kvmem.memory.host_store import BlockKV
 
-from .context import MAIN_SEQ, LlamaContext
+from .batch_rows import MAIN_SEQ
+from .context import LlamaContext
 from .hybrid_codec import build_hybrid_state, parse_hybrid_state
 from .recurrent_state import read_recurrent
 from .state_codec import SeqState, StateLayout

@@ -21,7 +21,8 @@ from kvmem.memory.host_store import BlockKV, HostStore
 from kvmem.memory.layout import BlockMove, move_order
 from kvmem.memory.retrieval_index import BlockKeys, RetrievalIndex
 
-from .context import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ, LlamaContext
+from .batch_rows import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ
+from .context import LlamaContext
 from .host_staging import StagingBuffer
 from .hybrid_transfer import hybrid_blobs
 from .llama_lib import host_buffer_allocator

@@ -12,9 +12,8 @@ import numpy as np
 
 from kvmem.errors import DecodeError
 
+from .batch_rows import fill_rows
 from .media import VisionProjector, is_standin
-
-MAIN_SEQ = 0
 
 
 class EmbdBatch:
@@ -28,15 +27,10 @@ class EmbdBatch:
         n = len(rows)
         assert 0 < n <= self.capacity and rows.shape[1] == self.n_embd
         raw = self.raw
-        raw.n_tokens = n
-        flat = np.ascontiguousarray(rows, dtype=np.float32).ravel()
+        flat = np.ascontiguousarray(rows, dtype=np.float32).ravel()  # [n * n_embd]
         dst = np.ctypeslib.as_array(raw.embd, shape=(self.capacity * self.n_embd,))
         dst[: flat.size] = flat
-        for i in range(n):
-            raw.pos[i] = start_pos + i
-            raw.n_seq_id[i] = 1
-            raw.seq_id[i][0] = MAIN_SEQ
-            raw.logits[i] = 1 if logits[i] else 0
+        fill_rows(raw, n, start_pos, logits)
 
     def free(self) -> None:
         if self.raw is not None:

@@ -18,7 +18,8 @@ import numpy as np
 
 from kvmem.errors import KVTransferError
 
-from .context import MAIN_SEQ, LlamaContext
+from .batch_rows import MAIN_SEQ
+from .context import LlamaContext
 from .hybrid_codec import RecurrentState, parse_partial_state
 
 logger = logging.getLogger(__name__)

@@ -27,7 +27,8 @@ import numpy as np
 
 from kvmem.errors import DecodeError
 
-from .context import MAIN_SEQ, LlamaContext
+from .batch_rows import MAIN_SEQ
+from .context import LlamaContext
 from .recurrent_state import RecurrentSnapshot, rewind, snapshot_recurrent
 from .sampler import Sampler
 

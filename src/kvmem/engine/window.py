@@ -38,7 +38,8 @@ from kvmem.memory.retrieval_index import RetrievalIndex
 from kvmem.memory.scorer import QueryVectors, score_blocks
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
-from .context import MAIN_SEQ, LlamaContext
+from .batch_rows import MAIN_SEQ
+from .context import LlamaContext
 from .kv_transfer import KVTransfer
 from .trace import TraceKind, Tracer, TurnStats
 
