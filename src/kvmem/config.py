@@ -75,6 +75,8 @@ class KVMemConfig:
     score_layers: tuple[int, ...] = ()  # empty: 8 layers spread over the depth
     score_mode: ScoreMode = ScoreMode.KEY_BOUND
     score_aggregate: ScoreAggregate = ScoreAggregate.MAX
+    score_mlogits: int = 128  # bound on one reselection's logits, in millions; 0: none
+    score_threads: int = 0  # threads scoring a reselection; 0: min(8, CPU count)
     positions: PositionMode = PositionMode.GATHER
     trace: bool = False
     # disk tier and restart-safe sessions (memory/tiered_store.py, engine/session_persist.py)
@@ -117,6 +119,10 @@ class KVMemConfig:
         ):
             if value < -1:
                 raise ConfigError(flag, f"must be >= 0 (or -1 for the default), got {value}")
+        if self.score_mlogits < 0:
+            raise ConfigError("--kvmem-score-mlogits", f"must be >= 0, got {self.score_mlogits}")
+        if self.score_threads < 0:
+            raise ConfigError("--kvmem-score-threads", f"must be >= 0, got {self.score_threads}")
         if any(layer < 0 for layer in self.score_layers):
             raise ConfigError("--kvmem-score-layers", "layer indices must be >= 0")
         self._validate_disk_tier()
@@ -162,6 +168,11 @@ class KVMemConfig:
             else self.budget // 4,
             "stream": self.stream_tokens if self.stream_tokens >= 0 else self.budget // 2,
         }
+
+    @property
+    def score_workers(self) -> int:
+        """Threads that score one reselection (`--kvmem-score-threads`, 0: up to 8)."""
+        return self.score_threads or max(1, min(8, os.cpu_count() or 1))
 
     @property
     def query_pin_tokens(self) -> int:

@@ -78,3 +78,33 @@ def test_harvest_copies_out_of_the_reused_buffer(smollm2_path):
             assert all(a.base is None or a.base.nbytes == kv_bytes for a in block.k)
     finally:
         engine.close()
+
+
+def test_threaded_copies_are_bit_identical(smollm2_path):
+    """Copy-out on several threads into buffers touched ahead, and the restore blob built
+    on several threads, give the logits of a never-evicted context, for f16 and q8_0."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for cache in ("f16", "q8_0"):
+        engine = make_engine(
+            smollm2_path, cache=cache, kvmem=KVMemConfig(budget=2048, gen_reserve=256)
+        )
+        transfer = engine.session.transfer
+        try:
+            tokens = filler_tokens(engine, 5 * 128 + 10, seed=13)
+            prompt, token = tokens[:-1], tokens[-1]
+            engine.reset()
+            engine.teacher_force(prompt, [token])
+            engine.session.ctx.decode([token], len(prompt), [True])
+            reference = engine.session.ctx.logits(-1)
+            transfer.copier = ThreadPoolExecutor(3)
+            staging = transfer.staging
+            threaded, writes = _logits_after(engine, prompt, token, staging)
+            assert writes == 1
+            assert np.array_equal(threaded, reference)
+            assert (
+                transfer.buffers is not None
+                and transfer.buffers.hits + transfer.buffers.misses >= 5
+            )
+        finally:
+            engine.close()

@@ -202,3 +202,43 @@ def test_bad_queries_are_rejected() -> None:
             [0, 9],
             QueryVectors(np.array([9]), {0: np.ones((1, N_HEAD, HEAD_DIM), np.float32)}),
         )
+
+
+def test_sample_rows_is_an_even_sample_of_each_span_with_its_last_token() -> None:
+    assert scorer.sample_rows(np.arange(10), 10) is None  # within the bound: every row
+    assert scorer.sample_rows(np.arange(10), 3).tolist() == [3, 6, 9]
+    assert scorer.sample_rows(np.arange(7), 0).tolist() == [6]  # at least one per span
+    # a task of 10 tokens and a trajectory tail of 6: shares 2 and 1 of 4
+    two = np.concatenate([np.arange(100, 110), np.arange(500, 506)])  # [16]
+    assert scorer.sample_rows(two, 4).tolist() == [4, 9, 15]
+    assert scorer.sample_rows(two, 8).tolist() == [1, 3, 5, 7, 9, 11, 13, 15]
+
+
+def test_max_logits_scores_the_sampled_rows() -> None:
+    """Over the bound, the scores are those of the sampled query tokens (checked against
+    the plain loop); within it they are unchanged."""
+    g = _geometry(RopeType.NEOX)
+    rng = np.random.default_rng(9)
+    index = _build_index(g, n_blocks=5, rng=rng)
+    positions = np.concatenate([np.arange(60, 66), np.arange(90, 94)]).astype(np.int32)  # [10]
+    layers = (0, 1, 2)
+    query = QueryVectors(
+        positions=positions,
+        by_layer={
+            layer: rng.standard_normal((10, N_HEAD, HEAD_DIM)).astype(np.float32)
+            for layer in layers
+        },
+    )
+    ids = [0, 1, 2, 3, 4]
+    per_token = len(layers) * N_HEAD * len(ids)  # logits of one query token
+    for aggregate in (ScoreAggregate.MEAN, ScoreAggregate.MAX):
+        full = score_blocks(index, ids, query, aggregate=aggregate)
+        same = score_blocks(index, ids, query, aggregate=aggregate, max_logits=10 * per_token)
+        assert np.array_equal(full, same)
+        got = score_blocks(index, ids, query, aggregate=aggregate, max_logits=5 * per_token + 1)
+        rows = scorer.sample_rows(positions, 5)
+        assert rows is not None and rows.tolist() == [1, 3, 5, 7, 9]
+        sampled = QueryVectors(positions[rows], {k: v[rows] for k, v in query.by_layer.items()})
+        expected = _score_loop(index, ids, sampled, aggregate=aggregate)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+        assert not np.allclose(got, full)

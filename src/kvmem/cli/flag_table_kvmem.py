@@ -89,6 +89,12 @@ KVMEM_TABLE: tuple[Flag, ...] = (
     _choice("score-aggregate", _D.score_aggregate,
             "per-block score from the query rows' attention over blocks: mean (over tokens and "
             "heads) or max (the largest share any row gives the block)"),
+    _int("score-mlogits",
+         "bound on the logits (query rows x blocks x heads x layers, in millions) one "
+         "reselection computes; past it an even sample of the query tokens is scored",
+         _D.score_mlogits, "128; 0 = no bound"),
+    _int("score-threads", "threads that score a reselection", _D.score_threads,
+         "0 = min(8, CPUs)"),
     _choice("positions", _D.positions,
             "where retrieved blocks sit in the window: gather (right before the recent "
             "blocks, in order) or original (their own positions, with gaps)"),

@@ -9,8 +9,10 @@ writes residency: the window (the one owner of where blocks are) records what it
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +24,7 @@ from kvmem.memory.layout import BlockMove, move_order
 from kvmem.memory.retrieval_index import BlockKeys, RetrievalIndex
 
 from .batch_rows import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ
+from .block_buffers import BlockBuffers
 from .context import LlamaContext
 from .host_staging import StagingBuffer
 from .hybrid_transfer import hybrid_blobs
@@ -33,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 
 STAGING_BYTES = 1 << 30  # the reused (pinned) blob buffer; larger restores go in pieces
+COPY_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))  # copy-out and blob build
 
 
 @dataclass(slots=True)
@@ -43,11 +47,13 @@ class TransferResult:
     block_ids: tuple[int, ...] = ()
 
 
-def owned_block(block: BlockKV) -> BlockKV:
+def owned_block(block: BlockKV, buffers: BlockBuffers | None = None) -> BlockKV:
     """A copy of `block` packed into one buffer of its own: K then V rows of every layer,
-    each array a view of that buffer (the state blob it came from may be reused)."""
+    each array a view of that buffer (the state blob it came from may be reused). The
+    buffer comes from `buffers` (pages touched ahead) when given."""
     arrays = [*block.k, *block.v]
-    buf = np.empty(sum(a.nbytes for a in arrays), dtype=np.uint8)  # [k+v bytes]
+    n_bytes = sum(a.nbytes for a in arrays)
+    buf = buffers.take(n_bytes) if buffers is not None else np.empty(n_bytes, dtype=np.uint8)
     views, at = [], 0
     for a in arrays:
         view = buf[at : at + a.nbytes].reshape(a.shape)  # uint8 [n_tokens, row_bytes]
@@ -101,6 +107,12 @@ class KVTransfer:
             StagingBuffer(host_buffer_allocator(), staging_bytes) if staging_bytes > 0 else None
         )
         self.hybrid = hybrid_blobs(ctx)  # hybrid memory: attention blocks only (hybrid_transfer)
+        # the staged path copies on COPY_THREADS threads into buffers touched ahead
+        staged = self.staging is not None
+        self.buffers = BlockBuffers() if staged else None
+        self.copier = (
+            ThreadPoolExecutor(COPY_THREADS, "kvmem-copy") if staged and COPY_THREADS > 1 else None
+        )
 
     def harvest(self, block_ids: Sequence[int]) -> TransferResult:
         """Copy complete, GPU-resident blocks to the host store (replacing older copies)."""
@@ -123,7 +135,7 @@ class KVTransfer:
         with prof.timed(TransferPath.STATE_SPLIT, len(blob)):
             state = self.hybrid.parse(blob) if self.hybrid else parse_state(blob)
             # own copies: the blob lives in the staging buffer, reused by the next transfer
-            blocks = [owned_block(b) for b in split_blocks(state, bt)]
+            blocks = self._owned(split_blocks(state, bt))
         if sorted(b.block_id for b in blocks) != sorted(block_ids):
             raise KVTransferError(f"harvest of blocks {list(block_ids)} returned other cells")
         if any(len(b.positions) != bt for b in blocks):
@@ -138,6 +150,12 @@ class KVTransfer:
                 self.index.add_blocks([BlockKeys(b.block_id, b.positions, b.k) for b in blocks])
         ids = tuple(b.block_id for b in blocks)
         return TransferResult(len(blocks), n_bytes, (time.perf_counter() - t0) * 1e3, ids)
+
+    def _owned(self, blocks: list[BlockKV]) -> list[BlockKV]:
+        """Own copies of the blocks (in order), on the copy threads when there are some."""
+        if self.copier is None or len(blocks) < 2:
+            return [owned_block(b, self.buffers) for b in blocks]
+        return list(self.copier.map(lambda b: owned_block(b, self.buffers), blocks))
 
     def restore(
         self, block_ids: Sequence[int], starts: Mapping[int, int] | None = None
@@ -182,7 +200,7 @@ class KVTransfer:
             else:
                 size = 8 + kv_part_nbytes(self.layout, n_cells)
                 out = self.staging.view(size) if self.staging is not None else None
-                blob = build_state(self.layout, blocks, RESTORE_SEQ, out=out)
+                blob = build_state(self.layout, blocks, RESTORE_SEQ, out=out, copier=self.copier)
         with prof.timed(TransferPath.STATE_SET, len(blob)):
             self.ctx.set_state(blob, RESTORE_SEQ)
         bt = self.table.block_tokens
@@ -197,6 +215,10 @@ class KVTransfer:
     def close(self) -> None:
         if self.staging is not None:
             self.staging.close()
+        if self.buffers is not None:
+            self.buffers.close()
+        if self.copier is not None:
+            self.copier.shutdown(wait=True)
 
     def evict(self, starts: Mapping[int, int]) -> int:
         """Drop host-backed blocks (block id -> first position of its cells) from the

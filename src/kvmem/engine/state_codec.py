@@ -24,7 +24,8 @@ same way.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,19 +200,24 @@ def build_state(
     blocks: Sequence[BlockKV],
     seq_id: int,
     out: np.ndarray | None = None,
+    copier: Executor | None = None,
 ) -> np.ndarray:
     """A blob that `llama_state_seq_set_data` restores as the cells of `blocks`: uint8
     [n_bytes], written in place (each K/V byte is copied once, straight into the blob);
-    into `out` (uint8, exactly that size) when given."""
+    into `out` (uint8, exactly that size) when given. With `copier`, the K/V sections
+    are copied on its threads (the bytes are the same)."""
     n_cells = sum(b.n_tokens for b in blocks)
     n_bytes = 8 + kv_part_nbytes(layout, n_cells)
     if out is None:
         out = np.empty(n_bytes, dtype=np.uint8)  # [n_bytes]
     elif out.shape != (n_bytes,) or out.dtype != np.uint8:
         raise StateFormatError(f"blob buffer of {out.shape} for a {n_bytes}-byte state")
-    writer = StateWriter(out)
+    writer = StateWriter(out, copier)
     writer.put(struct.pack("<Ii", STATE_MAGIC, seq_id))
-    write_kv_part(writer, layout, blocks, seq_id)
+    try:
+        write_kv_part(writer, layout, blocks, seq_id)
+    finally:
+        writer.finish()
     assert writer.at == len(out)
     return out
 
@@ -262,22 +268,47 @@ def write_kv_part(
         if layout.v_trans:
             n_embd_v = lay.v_row_bytes // lay.v_el_bytes
             writer.put(struct.pack("<iII", int(lay.v_type), lay.v_el_bytes, n_embd_v))
-            rows = np.concatenate([b.v[i] for b in blocks])  # [n_cells, v_row_bytes]
-            data = rows.reshape(n_cells, n_embd_v, lay.v_el_bytes).transpose(1, 0, 2)
-            writer.view(n_cells * lay.v_row_bytes).reshape(n_embd_v, n_cells, lay.v_el_bytes)[
-                ...
-            ] = data
+            dst = writer.view(n_cells * lay.v_row_bytes)  # [n_embd_v * n_cells * el]
+            writer.defer(_transpose_v, dst, [b.v[i] for b in blocks], n_embd_v, lay.v_el_bytes)
         else:
             writer.put(struct.pack("<iQ", int(lay.v_type), lay.v_row_bytes))
             writer.rows([b.v[i] for b in blocks], n_cells, lay.v_row_bytes)
 
 
-class StateWriter:
-    """Sequential writes into a preallocated blob."""
+def _transpose_v(dst: np.ndarray, parts: Sequence[np.ndarray], n_embd_v: int, el: int) -> None:
+    """Write V rows (cells x channels) transposed (channels x cells), as llama.cpp stores V
+    without flash attention."""
+    rows = np.concatenate(parts)  # [n_cells, v_row_bytes]
+    n_cells = len(rows)
+    data = rows.reshape(n_cells, n_embd_v, el).transpose(1, 0, 2)  # [n_embd_v, n_cells, el]
+    dst.reshape(n_embd_v, n_cells, el)[...] = data
 
-    def __init__(self, out: np.ndarray) -> None:
+
+def _concat_rows(dst: np.ndarray, parts: Sequence[np.ndarray]) -> None:
+    np.concatenate(parts, out=dst)
+
+
+class StateWriter:
+    """Sequential writes into a preallocated blob. The large row sections can be deferred
+    to a thread pool (`copier`); `finish` waits for them."""
+
+    def __init__(self, out: np.ndarray, copier: Executor | None = None) -> None:
         self.out = out  # uint8 [n_bytes]
         self.at = 0
+        self._copier = copier
+        self._jobs: list[Future[None]] = []
+
+    def defer(self, fn: Callable[..., None], *args: object) -> None:
+        """Run fn(*args) now, or on the copier's threads when there is one."""
+        if self._copier is None:
+            fn(*args)
+        else:
+            self._jobs.append(self._copier.submit(fn, *args))
+
+    def finish(self) -> None:
+        jobs, self._jobs = self._jobs, []
+        for job in jobs:
+            job.result()
 
     def view(self, n: int) -> np.ndarray:
         v = self.out[self.at : self.at + n]  # [n]
@@ -289,4 +320,4 @@ class StateWriter:
 
     def rows(self, parts: Sequence[np.ndarray], n_cells: int, row_bytes: int) -> None:
         dst = self.view(n_cells * row_bytes).reshape(n_cells, row_bytes)  # [n_cells, row]
-        np.concatenate(parts, out=dst)
+        self.defer(_concat_rows, dst, list(parts))

@@ -254,7 +254,13 @@ class GpuWindow:
         if ranked and query is not None and self.index is not None:
             ts = time.perf_counter()
             values = score_blocks(
-                self.index, ranked, query, mode=c.score_mode, aggregate=c.score_aggregate
+                self.index,
+                ranked,
+                query,
+                workers=c.score_workers,
+                mode=c.score_mode,
+                aggregate=c.score_aggregate,
+                max_logits=c.score_mlogits * 1_000_000,
             )
             scores = {b: float(s) for b, s in zip(ranked, values, strict=True)}
             score_ms = (time.perf_counter() - ts) * 1e3

@@ -8,8 +8,11 @@ distributions are averaged over tokens, heads and layers. Grouped-query attentio
 query head h to KV head h // (n_head // n_head_kv), as llama.cpp does.
 
 Cost: n_layers x n_tokens x n_head x n_blocks logits, each a head_dim dot product and
-an exp. The logits are computed in chunks of `_CHUNK_ELEMENTS`; with `workers > 1` the
-chunks run on a thread pool (numpy releases the GIL in matmul and exp).
+an exp. It grows with the history, so `max_logits` bounds it: past the bound, the query
+tokens scored are an even sample of each query span (its last token always in it), a
+function of the query alone (`sample_rows`). The logits are computed in chunks of
+`_CHUNK_ELEMENTS`; with `workers > 1` the chunks run on a thread pool (numpy releases the
+GIL in matmul and exp). The result does not depend on `workers`.
 """
 
 from __future__ import annotations
@@ -72,12 +75,15 @@ def score_blocks(
     workers: int = 1,
     mode: ScoreMode = ScoreMode.KEY_BOUND,
     aggregate: ScoreAggregate = ScoreAggregate.MEAN,
+    max_logits: int = 0,
 ) -> np.ndarray:
     """float32 [n_blocks]: the estimated attention mass of each block; sums to 1.
 
     An empty block list gives an empty array. Raises MemoryLayoutError when the query
     has none of the index's scored layers or its shapes do not fit the geometry.
-    `workers` > 1 computes the chunks of logits on that many threads.
+    `workers` > 1 computes the chunks of logits on that many threads. `max_logits` > 0
+    scores an even sample of the query tokens when all of them would exceed that many
+    logits (`sample_rows`).
     """
     ids = list(block_ids)
     if not ids:
@@ -89,6 +95,7 @@ def score_blocks(
             f"the query has vectors for layers {sorted(query.by_layer)}, "
             f"none of the scored layers {list(index.layers)}"
         )
+    query = _bounded_query(query, [layer for _, layer in used], len(ids), max_logits)
     positions = np.asarray(query.positions)  # [n_tokens]
     keys_by_layer = _block_keys(index, ids, mode)  # [n_blocks, n_scored, n_kv, d or 2d]
     n_blocks, n_kv = len(ids), geometry.n_head_kv
@@ -128,6 +135,47 @@ def score_blocks(
     else:
         per_layer /= np.asarray(n_rows, dtype=np.float64)[:, None]
     return per_layer.mean(axis=0).astype(np.float32)  # [n_blocks]
+
+
+def _bounded_query(
+    query: QueryVectors, layers: list[int], n_blocks: int, max_logits: int
+) -> QueryVectors:
+    """The query, or the sample of its tokens that keeps the logits within `max_logits`."""
+    if max_logits <= 0:
+        return query
+    first = np.asarray(query.by_layer[layers[0]])  # [n_tokens, n_head, head_dim]
+    n_head = first.shape[1] if first.ndim == 3 else 1
+    rows = sample_rows(query.positions, max_logits // (len(layers) * n_head * n_blocks))
+    if rows is None:
+        return query
+    return QueryVectors(
+        positions=np.asarray(query.positions)[rows],  # [n_sampled]
+        by_layer={layer: np.asarray(query.by_layer[layer])[rows] for layer in layers},
+    )
+
+
+def sample_rows(positions: np.ndarray, limit: int) -> np.ndarray | None:
+    """int64 [<= limit]: the query tokens scored when there are more than `limit` (at
+    least one per span), else None (all of them).
+
+    The query is one or more spans of consecutive positions (task, trajectory). Each span
+    keeps a share of `limit` proportional to its length, evenly spaced and always with its
+    last token (the one nearest to what is generated next).
+    """
+    pos = np.asarray(positions, dtype=np.int64)  # [n_tokens]
+    n = len(pos)
+    limit = max(1, limit)
+    if n <= limit:
+        return None
+    bounds = np.flatnonzero(np.diff(pos) != 1) + 1
+    starts = np.concatenate([[0], bounds]).astype(np.int64)  # [n_spans]
+    ends = np.concatenate([bounds, [n]]).astype(np.int64)  # [n_spans]
+    picks: list[np.ndarray] = []
+    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
+        k = max(1, (limit * (hi - lo)) // n)
+        # k evenly spaced rows of [lo, hi), the last one at hi - 1
+        picks.append(hi - 1 - ((hi - lo) * np.arange(k - 1, -1, -1, dtype=np.int64)) // k)
+    return np.concatenate(picks)  # [<= limit + n_spans]
 
 
 def _block_keys(index: RetrievalIndex, ids: list[int], mode: ScoreMode) -> np.ndarray:

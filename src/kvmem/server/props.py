@@ -83,6 +83,8 @@ def kvmem_body(settings: ServerSettings, n_ctx: int) -> dict[str, Any]:
         "score_layers": list(kv.score_layers),
         "score_mode": kv.score_mode.value,
         "score_aggregate": kv.score_aggregate.value,
+        "score_mlogits": kv.score_mlogits,
+        "score_threads": kv.score_workers,
         "positions": kv.positions.value,
         "cache_type_k": settings.engine.cache_types.k.label,
         "cache_type_v": settings.engine.cache_types.v.label,
