@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         lookup_drafts,
         models_cli,
         needle,
+        score_cost,
         summarize,
         synth_cli,
         synth_mmproj_cli,
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         summarize,
         vision_bench,
         lanes_bench,
+        score_cost,
     ):
         module.add_parser(subparsers)
     return parser

@@ -1,0 +1,121 @@
+"""`kvmem-bench score-cost`: the time one reselection spends scoring, by threads and bound.
+
+Scoring is numpy on the host: n_layers x query tokens x query heads x blocks logits, each
+a dot product over the block summaries. This command builds an index of random summaries
+at a model's shape and history length (default: the 8B Llama shape at 250K tokens in
+128-token blocks, 23 scored layers, a 1,024-token query) and times `score_blocks` for
+each `--threads` x `--mlogits` pair, with the speedup over one thread and no bound, all
+measured in this one run. It also reports how many query tokens each bound keeps and
+whether the top-k blocks stay those of the unbounded scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvmem.bench.report import format_table, machine_description, write_json
+from kvmem.cli.kvmem_flags import strict_int
+from kvmem.memory.ggml_types import GgmlType
+from kvmem.memory.retrieval_index import (
+    N_STATS,
+    KeyGeometry,
+    RetrievalIndex,
+    default_score_layers,
+)
+from kvmem.memory.rope import RopeParams, RopeType
+from kvmem.memory.scorer import QueryVectors, ScoreAggregate, sample_rows, score_blocks
+
+
+def _index(ns: argparse.Namespace, rng: np.random.Generator) -> RetrievalIndex:
+    geometry = KeyGeometry(
+        ns.n_layer, ns.n_head_kv, ns.head_dim, GgmlType.F16,
+        RopeParams(RopeType.NORM, ns.head_dim, 500000.0), 0,
+    )  # fmt: skip
+    layers = default_score_layers(ns.n_layer)
+    index = RetrievalIndex(geometry, layers)
+    shape = (ns.blocks, N_STATS, len(layers), ns.n_head_kv, ns.head_dim)
+    stats = rng.standard_normal(shape).astype(np.float32)  # [blocks, 3, layers, kv, hd]
+    stats[:, 1] = -np.abs(stats[:, 1])  # min <= max
+    stats[:, 2] = np.abs(stats[:, 2])
+    index.put(list(range(ns.blocks)), stats)
+    return index
+
+
+def _query(ns: argparse.Namespace, layers: Sequence[int], rng: np.random.Generator) -> QueryVectors:
+    half = ns.query_tokens // 2  # a task span and a trajectory tail, as the agent policy
+    first = ns.blocks * ns.block_tokens // 8
+    last = ns.blocks * ns.block_tokens - half
+    positions = np.concatenate([np.arange(first, first + half), np.arange(last, last + half)])
+    shape = (len(positions), ns.n_head, ns.head_dim)
+    by_layer = {layer: rng.standard_normal(shape).astype(np.float32) for layer in layers}
+    return QueryVectors(positions=positions.astype(np.int64), by_layer=by_layer)  # [n_tokens]
+
+
+def run(ns: argparse.Namespace) -> int:
+    rng = np.random.default_rng(ns.seed)
+    index = _index(ns, rng)
+    query = _query(ns, index.layers, rng)
+    ids = list(range(ns.blocks))
+    per_token = len(index.layers) * ns.n_head * ns.blocks
+    reference: np.ndarray | None = None
+    base_s: float | None = None
+    rows, results = [], []
+    for mlogits in ns.mlogits:
+        for threads in ns.threads:
+            t0 = time.perf_counter()
+            scores = score_blocks(
+                index, ids, query, workers=threads, aggregate=ScoreAggregate.MAX,
+                max_logits=mlogits * 1_000_000,
+            )  # fmt: skip
+            seconds = time.perf_counter() - t0
+            if reference is None:
+                reference, base_s = scores, seconds
+            top = set(np.argsort(-reference)[: ns.top_k].tolist())
+            kept = len(top & set(np.argsort(-scores)[: ns.top_k].tolist())) / ns.top_k
+            sampled = (
+                sample_rows(query.positions, mlogits * 1_000_000 // per_token) if mlogits else None
+            )
+            tokens = len(query.positions) if sampled is None else len(sampled)
+            rows.append([mlogits or "none", threads, tokens, f"{seconds * 1e3:.0f}",
+                         f"{(base_s or seconds) / seconds:.2f}", f"{kept:.2f}"])  # fmt: skip
+            results.append({"mlogits": mlogits, "threads": threads, "query_tokens": tokens,
+                            "seconds": seconds, "top_k_kept": kept})  # fmt: skip
+    head = ["mlogits", "threads", "query tokens", "ms", "speedup", f"top-{ns.top_k} kept"]
+    title = (
+        f"score cost: {ns.blocks} blocks x {len(index.layers)} layers x {ns.n_head} heads, "
+        f"{ns.query_tokens}-token query"
+    )
+    print(format_table(head, rows, title))
+    if ns.out:
+        write_json(ns.out, "score_cost.json", {"machine": machine_description(), "results": results,
+                                               "shape": {k: getattr(ns, k) for k in _SHAPE}})  # fmt: skip
+    return 0
+
+
+_SHAPE = ("blocks", "block_tokens", "n_layer", "n_head", "n_head_kv", "head_dim", "query_tokens")
+
+
+def _int_list(text: str) -> list[int]:
+    return [strict_int(x) for x in text.split(",") if x]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("score-cost", help="reselection scoring time by threads and bound")
+    p.add_argument("--blocks", type=strict_int, default=1955, help="blocks in the history")
+    p.add_argument("--block-tokens", type=strict_int, default=128)
+    p.add_argument("--n-layer", type=strict_int, default=36)
+    p.add_argument("--n-head", type=strict_int, default=32)
+    p.add_argument("--n-head-kv", type=strict_int, default=8)
+    p.add_argument("--head-dim", type=strict_int, default=128)
+    p.add_argument("--query-tokens", type=strict_int, default=1024)
+    p.add_argument("--threads", type=_int_list, default=[1, 4, 8], metavar="N,N")
+    p.add_argument("--mlogits", type=_int_list, default=[0, 128, 32], metavar="M,M",
+                   help="bounds in millions of logits (0 = none)")  # fmt: skip
+    p.add_argument("--top-k", type=strict_int, default=200)
+    p.add_argument("--seed", type=strict_int, default=0)
+    p.add_argument("--out", default=None, metavar="DIR")
+    p.set_defaults(handler=run)
