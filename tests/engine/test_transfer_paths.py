@@ -108,3 +108,33 @@ def test_threaded_copies_are_bit_identical(smollm2_path):
             )
         finally:
             engine.close()
+
+
+def test_blocks_whose_copy_out_is_pending_can_be_evicted_and_restored(smollm2_path):
+    """A harvest with copy threads returns before its copies are done; evicting those
+    blocks meanwhile is allowed (their bytes are in the staging buffer), and a restore waits
+    for them: the logits equal a never-evicted context's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = make_engine(smollm2_path, kvmem=KVMemConfig(budget=2048, gen_reserve=256))
+    session, transfer = engine.session, engine.session.transfer
+    try:
+        tokens = filler_tokens(engine, 5 * 128 + 10, seed=14)
+        prompt, token = tokens[:-1], tokens[-1]
+        engine.reset()
+        transfer.copier = ThreadPoolExecutor(3)
+        engine.teacher_force(prompt, [token])
+        session.ctx.decode([token], len(prompt), [True])
+        reference = session.ctx.logits(-1)
+        session.ctx.seq_rm(0, len(prompt), -1)
+        result = transfer.harvest([1, 2, 3])  # fresh copies, replacing the stored ones
+        assert result.block_ids == (1, 2, 3) and transfer._pending_ids == {1, 2, 3}
+        session.window.evict([1, 2, 3])
+        stats = TurnStats()
+        session.window.restore({1: 128, 2: 256, 3: 384}, stats)
+        assert not transfer._pending and stats.stage_in_blocks == 3
+        session.ctx.decode([token], len(prompt), [True])
+        assert np.array_equal(session.ctx.logits(-1), reference)
+        assert transfer.profile.paths[TransferPath.COPY_OUT].calls >= 8  # 5 + these 3
+    finally:
+        engine.close()

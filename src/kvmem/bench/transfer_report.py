@@ -10,8 +10,18 @@ from kvmem.bench.report import format_table
 
 Profile = Mapping[str, Mapping[str, float | int | None]]
 
-PATHS = ("state_get", "state_split", "store_put", "state_build", "state_set")
-HARVEST = ("state_get", "state_split", "store_put")
+PATHS = (
+    "state_get",
+    "state_split",
+    "copy_out",
+    "copy_wait",
+    "store_put",
+    "state_build",
+    "state_set",
+)
+# the time harvest holds the caller: copy_out runs on the copy threads, copy_wait is the
+# part of it the caller waited for (all of it without copy threads)
+HARVEST = ("state_get", "state_split", "copy_wait", "store_put")
 RESTORE = ("state_build", "state_set")
 
 

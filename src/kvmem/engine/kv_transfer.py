@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,11 +113,19 @@ class KVTransfer:
         self.copier = (
             ThreadPoolExecutor(COPY_THREADS, "kvmem-copy") if staged and COPY_THREADS > 1 else None
         )
+        self._pending: list[Future[tuple[list[BlockKV], float]]] = []  # copy-outs running
+        self._pending_ids: set[int] = set()
 
     def harvest(self, block_ids: Sequence[int]) -> TransferResult:
-        """Copy complete, GPU-resident blocks to the host store (replacing older copies)."""
+        """Copy complete, GPU-resident blocks to the host store (replacing older copies).
+
+        With copy threads, the blocks' copy-out from the staging buffer runs while the
+        caller goes on (the next prefill chunk computes on the GPU meanwhile); `flush` puts
+        them into the store, and every use of the store or the staging buffer flushes first.
+        """
         if not block_ids:
             return TransferResult(0, 0, 0.0)
+        self.flush()  # the staging buffer is about to be reused
         t0 = time.perf_counter()
         bt = self.table.block_tokens
         prof = self.profile
@@ -134,28 +142,50 @@ class KVTransfer:
                 self.ctx.seq_rm(HARVEST_SEQ, -1, -1)
         with prof.timed(TransferPath.STATE_SPLIT, len(blob)):
             state = self.hybrid.parse(blob) if self.hybrid else parse_state(blob)
-            # own copies: the blob lives in the staging buffer, reused by the next transfer
-            blocks = self._owned(split_blocks(state, bt))
-        if sorted(b.block_id for b in blocks) != sorted(block_ids):
+            views = split_blocks(state, bt)  # views of the staging buffer
+        if sorted(b.block_id for b in views) != sorted(block_ids):
             raise KVTransferError(f"harvest of blocks {list(block_ids)} returned other cells")
-        if any(len(b.positions) != bt for b in blocks):
+        if any(len(b.positions) != bt for b in views):
             raise KVTransferError("harvested a block that is not complete on the GPU")
         self.layout = self.layout or state.layout
+        n_bytes = sum(block.nbytes for block in views)
+        # own copies: the blob lives in the staging buffer, reused by the next transfer
+        if self.copier is None:
+            owned, copy_ms = self._copied(views)
+            prof.add(TransferPath.COPY_WAIT, copy_ms)  # on this thread: all of it waited for
+            self._put(owned, copy_ms)
+        else:
+            self._pending = [self.copier.submit(self._copied, [b]) for b in views]
+            self._pending_ids = {b.block_id for b in views}
+        ids = tuple(b.block_id for b in views)
+        return TransferResult(len(views), n_bytes, (time.perf_counter() - t0) * 1e3, ids)
+
+    def _copied(self, blocks: list[BlockKV]) -> tuple[list[BlockKV], float]:
+        """Own copies of `blocks` (into buffers touched ahead), and the ms it took."""
+        t0 = time.perf_counter()
+        owned = [owned_block(b, self.buffers) for b in blocks]
+        return owned, (time.perf_counter() - t0) * 1e3
+
+    def flush(self) -> None:
+        """Put the blocks of copy-outs still running into the store (waiting for them)."""
+        if not self._pending:
+            return
+        pending, self._pending, self._pending_ids = self._pending, [], set()
+        with self.profile.timed(TransferPath.COPY_WAIT):
+            done = [f.result() for f in pending]
+        self._put([b for blocks, _ in done for b in blocks], sum(ms for _, ms in done))
+
+    def _put(self, blocks: list[BlockKV], copy_ms: float) -> None:
+        """Harvested blocks (own copies) into the host store and the retrieval index."""
+        prof = self.profile
         n_bytes = sum(block.nbytes for block in blocks)
+        prof.add(TransferPath.COPY_OUT, copy_ms, n_bytes, calls=len(blocks))
         with prof.timed(TransferPath.STORE_PUT, n_bytes, calls=len(blocks)):
             for block in blocks:
                 self.store.put(block)
         if self.index is not None:
             with prof.timed(TransferPath.INDEX_ADD, calls=len(blocks)):
                 self.index.add_blocks([BlockKeys(b.block_id, b.positions, b.k) for b in blocks])
-        ids = tuple(b.block_id for b in blocks)
-        return TransferResult(len(blocks), n_bytes, (time.perf_counter() - t0) * 1e3, ids)
-
-    def _owned(self, blocks: list[BlockKV]) -> list[BlockKV]:
-        """Own copies of the blocks (in order), on the copy threads when there are some."""
-        if self.copier is None or len(blocks) < 2:
-            return [owned_block(b, self.buffers) for b in blocks]
-        return list(self.copier.map(lambda b: owned_block(b, self.buffers), blocks))
 
     def restore(
         self, block_ids: Sequence[int], starts: Mapping[int, int] | None = None
@@ -165,6 +195,7 @@ class KVTransfer:
             return TransferResult(0, 0, 0.0)
         if self.layout is None:
             raise KVTransferError("restore before any harvest")
+        self.flush()
         t0 = time.perf_counter()
         blocks: list[BlockKV] = [self.store.get(b) for b in sorted(block_ids)]
         for piece in self._pieces(blocks):
@@ -213,6 +244,7 @@ class KVTransfer:
             self.ctx.seq_rm(RESTORE_SEQ, -1, -1)
 
     def close(self) -> None:
+        self.flush()
         if self.staging is not None:
             self.staging.close()
         if self.buffers is not None:
@@ -225,7 +257,7 @@ class KVTransfer:
         context; returns the cells freed."""
         bt = self.table.block_tokens
         for b in starts:
-            if b not in self.store:
+            if b not in self._pending_ids and b not in self.store:
                 raise KVTransferError(f"block {b} would be lost: it is not in the host store")
         # every start is a multiple of the block size: remove contiguous cells together
         runs = block_runs([p // bt for p in starts.values()])

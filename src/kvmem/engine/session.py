@@ -106,6 +106,7 @@ class KVMemSession:
         return list(self.table.tokens)
 
     def reset(self) -> None:
+        self.transfer.flush()  # no copy-out may land in the store after it is emptied
         self.ctx.clear()
         self.window.reset()
         self.table.truncate(0)
@@ -214,6 +215,7 @@ class KVMemSession:
         return self.live_turn
 
     def _end_turn(self, stats: TurnStats, finish: FinishReason) -> None:
+        self.transfer.flush()  # the turn's harvests are in the store when it ends
         stats.finish_reason = finish.value
         self.last_turn = stats
         self.tracer.emit(
@@ -277,6 +279,7 @@ class KVMemSession:
     ) -> None:
         bt = self.table.block_tokens
         forced = sorted({b for s in self.force_spans for b in s.blocks(bt)})
+        self.transfer.flush()  # the plan reads the index: every harvested block in it
         res = self.window.plan(spans, qvec, n, forced)
         self.window.apply(res, stats)
         if res.replay_from is not None:

@@ -20,6 +20,8 @@ class TransferPath(Enum):
 
     STATE_GET = "state_get"  # llama_state_seq_get_data: device -> host blob
     STATE_SPLIT = "state_split"  # parse the blob and cut it into blocks (Python/numpy)
+    COPY_OUT = "copy_out"  # blocks copied out of the staging buffer (on the copy threads)
+    COPY_WAIT = "copy_wait"  # waiting for copy-outs still running when their blocks are needed
     STORE_PUT = "store_put"  # blocks into the host store
     INDEX_ADD = "index_add"  # handing blocks to the retrieval index (summaries run async)
     STATE_BUILD = "state_build"  # the restore blob assembled from host blocks

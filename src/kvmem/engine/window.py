@@ -350,6 +350,7 @@ class GpuWindow:
         moved blocks leave the GPU first: their cells may sit at or after `n_keep`. A block
         left partial by the cut is on the GPU at its own positions afterwards."""
         bt = self.table.block_tokens
+        self.transfer.flush()  # the cut drops host copies: none may still be on its way
         if keep_window:
             if any(p + bt > n_keep or (b + 1) * bt > n_keep for b, p in self.moved.items()):
                 raise KVTransferError(f"a moved block holds cells at or after {n_keep}")
