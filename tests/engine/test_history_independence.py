@@ -68,3 +68,23 @@ def test_turns_built_up_one_by_one_answer_as_fresh_sessions(engine):
         prompt = prompt + out + list(base[700 + 350 * step : 1050 + 350 * step])
     assert engine.stats.stage_in_blocks > 0 and engine.stats.replayed_tokens > 0
     assert [_fresh(engine, p) for p in prompts] == warm_answers
+
+
+def test_copy_threads_answer_as_the_caller_thread(engine, smollm2_path, monkeypatch):
+    """Harvest copy-outs on three threads (overlapping the next chunk) give the same greedy
+    tokens, turn by turn over a budget where blocks move, as copying on the caller's thread."""
+    monkeypatch.setenv("KVMEM_COPY_THREADS", "3")
+    threaded = make_engine(smollm2_path, n_ctx=8192, kvmem=KVMemConfig(budget=512, gen_reserve=256))
+    try:
+        assert threaded.session.transfer.copier is not None
+        base = filler_tokens(engine, 2400, seed=44)
+        engine.reset()
+        threaded.reset()
+        prompt = list(base[:700])
+        for step in range(3):
+            out = _answer(threaded, prompt)
+            assert out == _answer(engine, prompt)
+            prompt = prompt + out + list(base[700 + 450 * step : 1150 + 450 * step])
+        assert threaded.stats.stage_in_blocks > 0
+    finally:
+        threaded.close()

@@ -36,7 +36,15 @@ logger = logging.getLogger(__name__)
 
 
 STAGING_BYTES = 1 << 30  # the reused (pinned) blob buffer; larger restores go in pieces
-COPY_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))  # copy-out and blob build
+
+
+def copy_threads() -> int:
+    """Threads for the copy-out and the restore blob: KVMEM_COPY_THREADS, else CPUs / 2
+    (at most 4). One means no copy threads: everything on the caller's thread."""
+    env = os.environ.get("KVMEM_COPY_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
 @dataclass(slots=True)
@@ -107,12 +115,10 @@ class KVTransfer:
             StagingBuffer(host_buffer_allocator(), staging_bytes) if staging_bytes > 0 else None
         )
         self.hybrid = hybrid_blobs(ctx)  # hybrid memory: attention blocks only (hybrid_transfer)
-        # the staged path copies on COPY_THREADS threads into buffers touched ahead
-        staged = self.staging is not None
+        # the staged path copies on copy_threads() threads into buffers touched ahead
+        staged, threads = self.staging is not None, copy_threads()
         self.buffers = BlockBuffers() if staged else None
-        self.copier = (
-            ThreadPoolExecutor(COPY_THREADS, "kvmem-copy") if staged and COPY_THREADS > 1 else None
-        )
+        self.copier = ThreadPoolExecutor(threads, "kvmem-copy") if staged and threads > 1 else None
         self._pending: list[Future[tuple[list[BlockKV], float]]] = []  # copy-outs running
         self._pending_ids: set[int] = set()
 
