@@ -26,7 +26,10 @@ def no_model_load(monkeypatch):
     ("args", "message"),
     [
         (["--spec-type", "eagle"], "--spec-type: unknown type 'eagle': use one of none,"),
-        (["--spec-type", "draft-mtp"], "--spec-type: draft-mtp is not available in this build"),
+        (
+            ["--spec-type", "draft-mtp"],
+            "--spec-type: draft-mtp needs a model with an MTP (nextn) head",
+        ),
         (["--spec-type", "ngram-simple", "--spec-draft-n-max", "0"], "must be in 1..16, got 0"),
         (["--spec-type", "ngram-simple", "--spec-draft-n-max", "2.5"], "invalid integer value"),
         (["--spec-draft-n-max", "4"], "--spec-draft-n-max: needs --spec-type"),

@@ -141,15 +141,13 @@ def test_environment_overrides_the_recipe(
         *("--no-mmproj-offload", "--image-max-tokens", "512"),
         *("-c", "262144", "-n", "16384", "--kv-dtype", "q8_0", "--enable-thinking"),
         *("--reasoning-budget", "4096", "--kvmem-budget", "36864", "--kvmem-gen-reserve", "16384"),
+        *("--spec-type", "draft-mtp"),
         *("--api-key-file", str(keys), "--host", "0.0.0.0", "--port", "18999"),
     ]
     assert sorted(body["overrides"]) == ["API_KEY_FILE", "HOST", "MMPROJ", "MODEL", "PORT"]
     assert body["url"] == "http://127.0.0.1:18999/"
-    # the model has an MTP head, but kvmem-server has no draft-mtp yet: the flags are dropped
-    assert body["notes"][-1] == (
-        "MTP: off, dropping --spec-type draft-mtp: "
-        "kvmem-server does not support --spec-type draft-mtp yet"
-    )
+    # the model has an MTP head and kvmem-server runs draft-mtp: the recipe's MTP flags stay
+    assert body["notes"][-1] == "MTP: on (--spec-type draft-mtp)"
     code, body, _ = dry_run(
         capsys, monkeypatch, ["iq3-16gib", "--port", "1234"], MODEL=str(hybrid27b), PORT="5"
     )

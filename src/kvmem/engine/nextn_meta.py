@@ -1,23 +1,40 @@
 """Whether a model GGUF has an MTP (nextn) head, read from its metadata before llama.cpp
-loads any weights: `--spec-type draft-mtp` on a model without one fails early and clearly."""
+loads any weights: `--spec-type draft-mtp` on a model without one fails early and clearly.
+Only the header's key/value section is scanned (the tokenizer's arrays are skipped)."""
 
 from __future__ import annotations
 
-from gguf import GGUFReader
+import struct
+from typing import BinaryIO
 
 from kvmem.errors import ConfigError
+
+from .mmproj_meta import _SCALARS, _read, _skip, _string
 
 
 def nextn_layers(path: str) -> int:
     """`<arch>.nextn_predict_layers` of the GGUF at `path` (0 when absent)."""
     try:
-        reader = GGUFReader(path)
-    except (OSError, ValueError) as exc:
+        with open(path, "rb") as f:
+            return _scan(f)
+    except (OSError, ValueError, struct.error) as exc:
         raise ConfigError("-m", f"{path} is not a readable GGUF file: {exc}") from None
-    arch_field = reader.get_field("general.architecture")
-    arch = arch_field.contents() if arch_field is not None else ""
-    field = reader.get_field(f"{arch}.nextn_predict_layers")
-    return int(field.contents()) if field is not None else 0
+
+
+def _scan(f: BinaryIO) -> int:
+    if f.read(4) != b"GGUF" or _read(f, "I") < 2:
+        raise ValueError("not a GGUF v2+ file")
+    _read(f, "Q")  # tensors
+    arch: str | None = None
+    for _ in range(_read(f, "Q")):
+        key, kind = _string(f), _read(f, "I")
+        if key == "general.architecture" and kind == 8:
+            arch = _string(f)
+        elif arch is not None and key == f"{arch}.nextn_predict_layers" and kind in _SCALARS:
+            return int(_read(f, _SCALARS[kind]))
+        else:
+            _skip(f, kind)
+    return 0
 
 
 def check_mtp_head(path: str) -> None:

@@ -178,7 +178,8 @@ def server_supports(flag: str) -> bool:
 
 
 def spec_supported(args: Sequence[str]) -> bool:
-    """Whether kvmem-server runs the `--spec-type` value in `args` (draft-mtp: not yet)."""
+    """Whether kvmem-server runs the `--spec-type` value in `args` (draft-mtp needs a model
+    with an MTP head: the caller checks that)."""
     from kvmem.spec_config import SpecConfig, parse_spec_type
 
     try:
