@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import llama_cpp
 import numpy as np
@@ -44,6 +45,21 @@ from .model import LlamaModel
 logger = logging.getLogger(__name__)
 
 _H_KEEP = 64  # hidden states of the newest positions kept (a tail cut needs h_{p0-1})
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A decode of the target not yet mirrored: its tokens and their h_{p-1} rows."""
+
+    tokens: list[int]
+    start_pos: int
+    rows: np.ndarray  # [len(tokens), n_embd]
+
+    def cut(self, pos: int) -> None:
+        """Keep the rows before position `pos`."""
+        keep = max(0, pos - self.start_pos)
+        self.tokens = self.tokens[:keep]
+        self.rows = self.rows[:keep]
 
 
 class MtpDrafter:
@@ -77,6 +93,7 @@ class MtpDrafter:
         self._raw = self.ctx._batch.raw
         self._raw.embd = self._embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
         self._h: dict[int, np.ndarray] = {}  # position -> trunk h_nextn [n_embd]
+        self._pending: _Pending | None = None  # a step's rows, mirrored at the next draft
         self.last_pos = -1  # the newest position decoded on the target
         self.n_drafted_steps = 0
         llama_cpp_ext.llama_set_embeddings_nextn(target.ptr, True, False)  # every row
@@ -90,31 +107,60 @@ class MtpDrafter:
         if not ptr:
             raise DecodeError("the target context gave no nextn hidden states")
         h = np.ctypeslib.as_array(ptr, shape=(n, self.n_embd))  # [n, n_embd], a view
+        self.flush()
+        # the rows pair x_p with h_{p-1}: the batch's first token with the row kept from
+        # before (a zero row when there is none), the others with the batch's own rows
+        rows = np.empty((n, self.n_embd), dtype=np.float32)  # [n, n_embd]
         prev = self._h.get(start_pos - 1)
-        self._embd[0] = prev if prev is not None else 0.0  # no h_{p-1}: a zero row
-        if n > 1:
-            self._embd[1:n] = h[: n - 1]
-        self._decode(tokens, start_pos, [False] * n)
+        rows[0] = prev if prev is not None else 0.0
+        rows[1:] = h[: n - 1]
         for i in range(max(0, n - _H_KEEP), n):
             self._h[start_pos + i] = h[i].copy()
-        self.last_pos = start_pos + n - 1
         if len(self._h) > 2 * _H_KEEP:
             for pos in sorted(self._h)[: len(self._h) - _H_KEEP]:
                 del self._h[pos]
+        self.last_pos = start_pos + n - 1
+        self._pending = _Pending(list(tokens), start_pos, rows)
+        if n > self.n_max + 1:  # a prefill chunk: mirrored now (a step's batch waits)
+            self.flush()
 
     def after_seq_rm(self, p0: int, p1: int) -> None:
+        start = max(p0, 0)
+        pending = self._pending
+        if pending is not None and p1 < 0 and start >= pending.start_pos:
+            pending.cut(start)  # rejected draft rows (or a rewind) never reach the draft KV
+            if not pending.tokens:
+                self._pending = None
+        else:
+            self.flush()
         llama_cpp.llama_memory_seq_rm(self.ctx.mem, MAIN_SEQ, p0, p1)
         if p1 < 0:  # a tail cut (or all): the newest position is p0 - 1
-            start = max(p0, 0)
             for pos in [p for p in self._h if p >= start]:
                 del self._h[pos]
             self.last_pos = start - 1
         else:
-            for pos in range(max(p0, 0), p1):
+            for pos in range(start, p1):
                 self._h.pop(pos, None)
 
     def after_seq_add(self, p0: int, p1: int, delta: int) -> None:
+        self.flush()
         llama_cpp.llama_memory_seq_add(self.ctx.mem, MAIN_SEQ, p0, p1, delta)
+
+    def flush(self, extra: tuple[int, np.ndarray] | None = None) -> None:
+        """Decode the mirrored rows not yet in the draft context; `extra` (token, h row)
+        is appended as one more row with logits (the first draft row)."""
+        pending, self._pending = self._pending, None
+        if pending is None and extra is None:
+            return
+        tokens = pending.tokens if pending is not None else []
+        start = pending.start_pos if pending is not None else self.last_pos + 1
+        n = len(tokens) + (extra is not None)
+        if pending is not None:
+            self._embd[: len(tokens)] = pending.rows
+        if extra is not None:
+            tokens = [*tokens, extra[0]]
+            self._embd[n - 1] = extra[1]
+        self._decode(tokens, start, [False] * (n - 1) + [extra is not None])
 
     # drafting --------------------------------------------------------------------------
     def __call__(self, history: np.ndarray, n: int) -> list[int]:
@@ -126,9 +172,10 @@ class MtpDrafter:
             return []
         token = int(history[-1])
         draft: list[int] = []
-        self._embd[0] = h
+        self.flush((token, h))  # the step's mirrored rows and the first draft row, one batch
         for i in range(n):
-            self._decode([token], pos + i, [True])
+            if i > 0:
+                self._decode([token], pos + i, [True])
             logits = np.ctypeslib.as_array(
                 llama_cpp.llama_get_logits_ith(self.ctx.ptr, -1), shape=(self.ctx.n_vocab,)
             )
