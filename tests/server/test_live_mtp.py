@@ -69,7 +69,8 @@ def test_mtp_answer_equals_plain_and_reports_drafts(servers: dict[str, LiveServe
     want = {"type": "draft-mtp", "n_max": 3, "kv_type": "f16"}
     assert mtp.http().get("/props").json()["speculative"] == want
     ready = [ln for ln in mtp.log().splitlines() if ln.startswith("KVMEM_STARTUP ready=")]
-    assert json.loads(ready[0].split("=", 1)[1])["speculative"] == want
+    record = json.loads(ready[0].split("=", 1)[1])
+    assert record["speculative"] == want and record["mtp"] is True
 
 
 def test_draft_mtp_without_a_head_fails_before_loading(models: dict[int, Path]) -> None:
