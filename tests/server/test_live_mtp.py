@@ -16,6 +16,7 @@ import pytest
 
 from kvmem.bench.synth_hybrid import QWEN35_TINY
 from kvmem.bench.synth_model import WeightType, write_synthetic_model
+from tests.engine.hybrid_models import write_echo_head_hybrid
 
 from .conftest import LiveServer, run_server, start_server
 
@@ -28,15 +29,17 @@ PROMPT = "The quick brown fox jumps over the lazy dog. " * 8
 
 def _model(directory: Path, nextn: int) -> Path:
     path = directory / f"qwen35-tiny-nextn{nextn}.gguf"
-    shape = dataclasses.replace(QWEN35_TINY, nextn_layers=nextn)
+    shape = dataclasses.replace(QWEN35_TINY, nextn_layers=nextn)  # random weights
     write_synthetic_model(path, shape, WeightType.Q8_0, seed=0, threads=2)
     return path
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """0: no MTP head; 1: the echo head (tests/engine/hybrid_models.py), whose drafts the
+    trunk accepts often but not always."""
     d = tmp_path_factory.mktemp("mtp-models")
-    return {n: _model(d, n) for n in (0, 1)}
+    return {0: _model(d, 0), 1: write_echo_head_hybrid(d)}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +63,7 @@ def test_mtp_answer_equals_plain_and_reports_drafts(servers: dict[str, LiveServe
     assert text == answers["plain"].choices[0].text and len(text) > 0
     assert answers["mtp"].usage.completion_tokens == 80
     timings = answers["mtp"].model_extra["timings"]
-    assert timings["draft_n"] > 0 and 0 <= timings["draft_n_accepted"] <= timings["draft_n"]
+    assert 0 < timings["draft_n_accepted"] < timings["draft_n"]
     assert "draft_n" not in answers["plain"].model_extra["timings"]
     mtp = servers["mtp"]
     metrics = mtp.http().get("/metrics").text
