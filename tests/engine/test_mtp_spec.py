@@ -14,12 +14,14 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvmem.config import KVMemConfig
 from kvmem.engine import Engine, EngineSettings
 from kvmem.engine import model as model_module
-from kvmem.engine.hybrid_codec import parse_hybrid_state
+from kvmem.engine.hybrid_codec import RecurrentState, parse_hybrid_state
+from kvmem.engine.recurrent_state import read_recurrent
 from kvmem.engine.state_codec import parse_state
 from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import GgmlType
@@ -86,7 +88,7 @@ def conversation(e: Engine) -> tuple[list[list[int]], list[tuple[int, int, int]]
 
 
 @pytest.fixture(scope="module")
-def plain_outputs(mtp_paths: dict[str, Path]) -> dict[tuple[str, str], list[list[int]]]:
+def plain_outputs(mtp_paths: dict[str, Path]) -> dict[tuple[str, str], tuple]:
     result = {}
     for head, window, kv in (("random", "under", UNDER), ("random", "over", OVER)):
         result[head, window] = _plain(mtp_paths[head], kv)
@@ -94,10 +96,10 @@ def plain_outputs(mtp_paths: dict[str, Path]) -> dict[tuple[str, str], list[list
     return result
 
 
-def _plain(path: Path, kv: KVMemConfig) -> list[list[int]]:
+def _plain(path: Path, kv: KVMemConfig) -> tuple[list[list[int]], RecurrentState]:
     e = engine(path, kv)
     try:
-        return conversation(e)[0]
+        return conversation(e)[0], read_recurrent(e.ctx)
     finally:
         e.close()
 
@@ -128,9 +130,18 @@ def test_greedy_with_mtp_drafts_equals_no_drafts(
             assert len(draft.positions) > 0
             assert set(draft.positions.tolist()) <= set(target.positions.tolist())
         total = e.stats
+        recurrent = read_recurrent(e.ctx)
     finally:
         e.close()
-    assert outs == plain_outputs[head, window]
+    want, want_recurrent = plain_outputs[head, window]
+    assert outs == want
+    # the recurrent state folded in the accepted tokens only: that of decoding without
+    # drafts (up to the rounding of re-decoding accepted tokens as one batch)
+    assert recurrent.positions.tolist() == want_recurrent.positions.tolist()
+    for got, ref in zip(
+        recurrent.r + recurrent.s, want_recurrent.r + want_recurrent.s, strict=True
+    ):
+        np.testing.assert_allclose(got.view(np.float32), ref.view(np.float32), atol=1e-4)
     if head == "echo":  # accepted and rejected drafts, deterministically
         assert 0 < total.draft_n_accepted < total.draft_n
     assert [len(o) for o in outs] == [90, 90, 90]

@@ -127,7 +127,7 @@ class MtpDrafter:
     def after_seq_rm(self, p0: int, p1: int) -> None:
         start = max(p0, 0)
         pending = self._pending
-        if pending is not None and p1 < 0 and start >= pending.start_pos:
+        if pending is not None and p1 < 0:
             pending.cut(start)  # rejected draft rows (or a rewind) never reach the draft KV
             if not pending.tokens:
                 self._pending = None

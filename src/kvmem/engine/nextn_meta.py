@@ -11,9 +11,13 @@ from kvmem.errors import ConfigError
 
 from .mmproj_meta import _SCALARS, _read, _skip, _string
 
+# architectures whose MTP graph and draft memory KVMem's drafter is built and tested for:
+# one nextn block, a plain attention KV cache of its own (llama-model.cpp create_memory)
+MTP_ARCHS = ("qwen35",)
 
-def nextn_layers(path: str) -> int:
-    """`<arch>.nextn_predict_layers` of the GGUF at `path` (0 when absent)."""
+
+def nextn_layers(path: str) -> tuple[str | None, int]:
+    """(general.architecture, `<arch>.nextn_predict_layers` or 0) of the GGUF at `path`."""
     try:
         with open(path, "rb") as f:
             return _scan(f)
@@ -21,7 +25,7 @@ def nextn_layers(path: str) -> int:
         raise ConfigError("-m", f"{path} is not a readable GGUF file: {exc}") from None
 
 
-def _scan(f: BinaryIO) -> int:
+def _scan(f: BinaryIO) -> tuple[str | None, int]:
     if f.read(4) != b"GGUF" or _read(f, "I") < 2:
         raise ValueError("not a GGUF v2+ file")
     _read(f, "Q")  # tensors
@@ -31,17 +35,25 @@ def _scan(f: BinaryIO) -> int:
         if key == "general.architecture" and kind == 8:
             arch = _string(f)
         elif arch is not None and key == f"{arch}.nextn_predict_layers" and kind in _SCALARS:
-            return int(_read(f, _SCALARS[kind]))
+            return arch, int(_read(f, _SCALARS[kind]))
         else:
             _skip(f, kind)
-    return 0
+    return arch, 0
 
 
 def check_mtp_head(path: str) -> None:
-    """ConfigError unless the model at `path` has at least one nextn layer."""
-    if nextn_layers(path) < 1:
+    """ConfigError unless the model at `path` has a nextn layer of an architecture the
+    drafter supports."""
+    arch, n = nextn_layers(path)
+    if n < 1:
         raise ConfigError(
             "--spec-type",
             f"draft-mtp needs a model with an MTP (nextn) head; {path} has none "
             "(no nextn_predict_layers in its metadata): use ngram-simple",
+        )
+    if arch not in MTP_ARCHS:
+        raise ConfigError(
+            "--spec-type",
+            f"draft-mtp supports {', '.join(MTP_ARCHS)} models; {path} is {arch}: "
+            "use ngram-simple",
         )
