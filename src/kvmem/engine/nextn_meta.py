@@ -54,6 +54,5 @@ def check_mtp_head(path: str) -> None:
     if arch not in MTP_ARCHS:
         raise ConfigError(
             "--spec-type",
-            f"draft-mtp supports {', '.join(MTP_ARCHS)} models; {path} is {arch}: "
-            "use ngram-simple",
+            f"draft-mtp supports {', '.join(MTP_ARCHS)} models; {path} is {arch}: use ngram-simple",
         )
