@@ -14,6 +14,9 @@ from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import GgmlType
 
 MAX_DRAFT = 16
+# architectures whose MTP graph and draft memory the drafter (engine/mtp_draft.py) is built
+# and tested for: one nextn block with a plain attention KV cache of its own
+MTP_ARCHS = ("qwen35",)
 
 
 class SpecType(Enum):

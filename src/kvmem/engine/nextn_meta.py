@@ -8,12 +8,9 @@ import struct
 from typing import BinaryIO
 
 from kvmem.errors import ConfigError
+from kvmem.spec_config import MTP_ARCHS
 
 from .mmproj_meta import _SCALARS, _read, _skip, _string
-
-# architectures whose MTP graph and draft memory KVMem's drafter is built and tested for:
-# one nextn block, a plain attention KV cache of its own (llama-model.cpp create_memory)
-MTP_ARCHS = ("qwen35",)
 
 
 def nextn_layers(path: str) -> tuple[str | None, int]:
