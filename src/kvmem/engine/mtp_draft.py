@@ -110,19 +110,22 @@ class MtpDrafter:
         self.flush()
         # the rows pair x_p with h_{p-1}: the batch's first token with the row kept from
         # before (a zero row when there is none), the others with the batch's own rows
-        rows = np.empty((n, self.n_embd), dtype=np.float32)  # [n, n_embd]
         prev = self._h.get(start_pos - 1)
-        rows[0] = prev if prev is not None else 0.0
-        rows[1:] = h[: n - 1]
+        if n > self.n_max + 1:  # a prefill chunk: mirrored now, straight from the target
+            self._embd[0] = prev if prev is not None else 0.0
+            self._embd[1:n] = h[: n - 1]
+            self._decode(tokens, start_pos, [False] * n)
+        else:  # a step's batch waits for the next draft (its rejected rows are cut first)
+            rows = np.empty((n, self.n_embd), dtype=np.float32)  # [n, n_embd]
+            rows[0] = prev if prev is not None else 0.0
+            rows[1:] = h[: n - 1]
+            self._pending = _Pending(list(tokens), start_pos, rows)
         for i in range(max(0, n - _H_KEEP), n):
             self._h[start_pos + i] = h[i].copy()
         if len(self._h) > 2 * _H_KEEP:
             for pos in sorted(self._h)[: len(self._h) - _H_KEEP]:
                 del self._h[pos]
         self.last_pos = start_pos + n - 1
-        self._pending = _Pending(list(tokens), start_pos, rows)
-        if n > self.n_max + 1:  # a prefill chunk: mirrored now (a step's batch waits)
-            self.flush()
 
     def after_seq_rm(self, p0: int, p1: int) -> None:
         start = max(p0, 0)
