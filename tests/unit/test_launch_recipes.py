@@ -244,3 +244,23 @@ def test_unknown_recipe(
 ) -> None:
     code, _, err = dry_run(capsys, monkeypatch, ["no-such-recipe"])
     assert code == 2 and "unknown recipe 'no-such-recipe'; recipes: cpu-smollm2, iq3-16gib" in err
+
+
+def test_mtp_is_dropped_for_an_architecture_the_drafter_does_not_support(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    other = write_header(
+        tmp_path / "dense-mtp.gguf",
+        "llama",
+        block_count=32,
+        **{"attention.head_count": 32, "attention.head_count_kv": 8},
+        embedding_length=4096,
+        context_length=262144,
+        nextn_predict_layers=1,
+    )
+    code, body, _ = dry_run(capsys, monkeypatch, ["iq3-16gib"], MODEL=str(other))
+    assert code == 0
+    assert "--spec-type" not in body["argv"]
+    assert body["notes"][-1] == (
+        "MTP: off, dropping --spec-type draft-mtp: draft-mtp supports qwen35 models, not llama"
+    )
