@@ -4,15 +4,15 @@
 #  1. prompt lookup: Qwen2.5-Coder-0.5B ($QWEN_GGUF) answers an agent turn that rewrites a
 #     file it was shown, greedily, without and with ngram drafts (`kvmem-bench lookup-drafts`,
 #     --n-draft 3 = the --spec-draft-n-max default): decode speedup and acceptance rate;
-#  2. draft verification at (near) zero acceptance on a reduced-depth near-27B synthetic
-#     qwen35 (the 27b preset's layer shapes, HYBRID_LAYERS trunk layers): the decode cost of
-#     verifying 3-token drafts that are rejected (snapshot + rewind of the recurrent state).
-#     MTP drafts are not wired in (docs/server.md), so this is the verification overhead a
-#     draft-mtp step would pay, not an MTP head's own cost;
+#  2. MTP decode overhead at (near) zero acceptance on a reduced-depth near-27B synthetic
+#     qwen35 with one nextn layer (the 27b preset's layer shapes, HYBRID_LAYERS trunk layers,
+#     random weights: its drafts are rejected): decode tok/s without drafts and with
+#     --spec-type draft-mtp (3-token drafts, f16 draft KV) through the KVMem session, same
+#     run, same loaded model (`kvmem-bench mtp-overhead`; outputs must be identical);
 #  3. hybrid decode at HYBRID_CTX tokens (default 131072; HYBRID_CTX=262144 is the issue's
 #     256K if the prefill fits the time) with the KVMem window HYBRID_BUDGET against stock
 #     llama.cpp at the window size, same run (`kvmem-bench decode-sweep`).
-# Each step has its own timeout (40 + 40 + 30 + 60 s); a failed step is reported and skipped.
+# Each step has its own timeout (40 + 40 + 40 + 60 s); a failed step is reported and skipped.
 # CPU smoke run: HYBRID_CPU=1 QWEN_GGUF=<SmolLM2 gguf> OUT=/tmp/h scripts/gpu/hybrid.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,26 +22,29 @@ PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 if [[ -n ${HYBRID_CPU:-} ]]; then
   PRESET=(--preset tiny) LAYERS=${HYBRID_LAYERS:-4} CTX=${HYBRID_CTX:-4096}
-  BUDGET=${HYBRID_BUDGET:-1024} TOKENS=${HYBRID_TOKENS:-48} NGL=0 FUNCS=4
+  BUDGET=${HYBRID_BUDGET:-1024} TOKENS=${HYBRID_TOKENS:-48} NGL=0 FUNCS=4 MTP_PROMPT=256
+  THREADS=1  # CPU flash attention rounds single rows and batches alike only on one thread
 else
   PRESET=(--preset 27b) LAYERS=${HYBRID_LAYERS:-8} CTX=${HYBRID_CTX:-131072}
-  BUDGET=${HYBRID_BUDGET:-32768} TOKENS=${HYBRID_TOKENS:-256} NGL=all FUNCS=24
+  BUDGET=${HYBRID_BUDGET:-32768} TOKENS=${HYBRID_TOKENS:-256} NGL=all FUNCS=24 MTP_PROMPT=1024
+  THREADS=4
 fi
 STEPS="$OUT/hybrid"
-mkdir -p "$STEPS"/lookup "$STEPS"/verify "$STEPS"/sweep
+mkdir -p "$STEPS"/lookup "$STEPS"/mtp "$STEPS"/sweep
 BENCH=("$PY" -m kvmem.bench.main)
 echo "== 1. prompt lookup on $(basename "$QWEN")"
 timeout 40 "${BENCH[@]}" lookup-drafts -m "$QWEN" --n-draft 3 --functions "$FUNCS" \
   --max-tokens "$TOKENS" -ngl "${NGL/all/-1}" --out "$STEPS/lookup" || echo "step 1 failed"
-HYB=${HYBRID_GGUF:-$STEPS/qwen35-${LAYERS}l.gguf}
+HYB=${HYBRID_GGUF:-$STEPS/qwen35-${LAYERS}l-mtp.gguf}
 if [[ ! -f $HYB ]]; then
-  echo "== writing the synthetic hybrid ($LAYERS trunk layers)"
+  echo "== writing the synthetic hybrid ($LAYERS trunk layers + 1 nextn layer)"
   timeout 40 "${BENCH[@]}" synth-model --arch qwen35 "${PRESET[@]}" --n-layer "$LAYERS" \
-    --weights q8_0 --distinct-chunks 64 "$HYB"
+    --nextn-layers 1 --weights q8_0 --distinct-chunks 64 "$HYB"
 fi
-echo "== 2. rejected-draft verification on the synthetic hybrid"
-timeout 30 "${BENCH[@]}" lookup-drafts -m "$HYB" --n-draft 3 --n-min 1 --functions "$FUNCS" \
-  --max-tokens "$TOKENS" -ngl "${NGL/all/-1}" --out "$STEPS/verify" || echo "step 2 failed"
+echo "== 2. MTP decode overhead (draft-mtp vs no drafts) on the synthetic hybrid"
+timeout 40 "${BENCH[@]}" mtp-overhead -m "$HYB" --n-draft 3 --prompt-tokens "$MTP_PROMPT" \
+  --max-tokens "$TOKENS" -c 8192 --budget 4096 --gen-reserve 1024 -t "$THREADS" \
+  -ngl "${NGL/all/-1}" --out "$STEPS/mtp" || echo "step 2 failed"
 echo "== 3. hybrid decode at $CTX (window $BUDGET) against stock at the window size"
 timeout 60 "${BENCH[@]}" decode-sweep -m "$HYB" --contexts "$CTX" --configs kvmem \
   --budget "$BUDGET" --gen-reserve 1024 --gen-tokens 64 -ngl "$NGL" --out "$STEPS/sweep" || echo "step 3 failed"

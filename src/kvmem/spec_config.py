@@ -14,6 +14,9 @@ from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import GgmlType
 
 MAX_DRAFT = 16
+# architectures whose MTP graph and draft memory the drafter (engine/mtp_draft.py) is built
+# and tested for: one nextn block with a plain attention KV cache of its own
+MTP_ARCHS = ("qwen35",)
 
 
 class SpecType(Enum):
@@ -50,13 +53,14 @@ class SpecConfig:
     def enabled(self) -> bool:
         return self.type is not SpecType.NONE
 
+    @property
+    def wants_mtp(self) -> bool:
+        """Drafts from the model's MTP head: the weights load with their nextn layers."""
+        return self.type is SpecType.MTP
+
     def validate(self) -> None:
-        if self.type is SpecType.MTP:
-            raise ConfigError(
-                "--spec-type",
-                "draft-mtp is not available in this build: the MTP draft path (nextn layers) "
-                "is not wired into the session yet; use ngram-simple (docs/server.md)",
-            )
+        """The settings alone; whether the model has an MTP head is checked from its GGUF
+        metadata (engine.nextn_meta) before the weights load."""
         if not 1 <= self.n_max <= MAX_DRAFT:
             raise ConfigError("--spec-draft-n-max", f"must be in 1..{MAX_DRAFT}, got {self.n_max}")
         if self.kv_type not in SPEC_KV_TYPES.values():

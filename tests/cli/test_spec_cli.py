@@ -26,7 +26,10 @@ def no_model_load(monkeypatch):
     ("args", "message"),
     [
         (["--spec-type", "eagle"], "--spec-type: unknown type 'eagle': use one of none,"),
-        (["--spec-type", "draft-mtp"], "--spec-type: draft-mtp is not available in this build"),
+        (
+            ["--spec-type", "draft-mtp"],
+            "--spec-type: draft-mtp needs a model with an MTP (nextn) head",
+        ),
         (["--spec-type", "ngram-simple", "--spec-draft-n-max", "0"], "must be in 1..16, got 0"),
         (["--spec-type", "ngram-simple", "--spec-draft-n-max", "2.5"], "invalid integer value"),
         (["--spec-draft-n-max", "4"], "--spec-draft-n-max: needs --spec-type"),
@@ -79,3 +82,21 @@ def test_drafts_keep_the_greedy_answer(tmp_path):
     m = re.search(r"KVMEM_GEN tokens=40 .* draft_n=(\d+) draft_accepted=(\d+)", drafted.stderr)
     assert m is not None, drafted.stderr[-2000:]
     assert 10 < int(m.group(2)) <= int(m.group(1))
+
+
+@pytest.mark.slow
+def test_mtp_drafts_keep_the_greedy_answer(tmp_path):
+    from tests.engine.hybrid_models import write_echo_head_hybrid
+
+    model = write_echo_head_hybrid(tmp_path)
+    prompt = tmp_path / "code.txt"
+    prompt.write_text(CODE)
+    common = ("-m", str(model), "-f", str(prompt), "--raw", "-n", "40", "--ignore-eos")
+    common += ("--temp", "0", "-t", "1", "-c", "1024")
+    plain = _cli(*common)
+    drafted = _cli(*common, "--spec-type", "draft-mtp", "--spec-kv-dtype", "q8_0", "--kvmem-trace")
+    assert plain.returncode == 0 and drafted.returncode == 0, drafted.stderr[-2000:]
+    assert drafted.stdout == plain.stdout and drafted.stdout
+    m = re.search(r"KVMEM_GEN tokens=40 .* draft_n=(\d+) draft_accepted=(\d+)", drafted.stderr)
+    assert m is not None, drafted.stderr[-2000:]
+    assert 0 < int(m.group(2)) < int(m.group(1))  # the echo head's drafts: some accepted

@@ -90,7 +90,10 @@ def test_drafted_answer_equals_plain_and_reports_drafts(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--spec-type", "draft-mtp"], "--spec-type: draft-mtp is not available in this build"),
+        (
+            ["--spec-type", "draft-mtp"],
+            "--spec-type: draft-mtp needs a model with an MTP (nextn) head",
+        ),
         (["--spec-type", "ngram"], "--spec-type: unknown type 'ngram'"),
         (["--spec-draft-n-min", "2"], "draft models are not supported"),
     ],

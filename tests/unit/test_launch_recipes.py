@@ -141,15 +141,13 @@ def test_environment_overrides_the_recipe(
         *("--no-mmproj-offload", "--image-max-tokens", "512"),
         *("-c", "262144", "-n", "16384", "--kv-dtype", "q8_0", "--enable-thinking"),
         *("--reasoning-budget", "4096", "--kvmem-budget", "36864", "--kvmem-gen-reserve", "16384"),
+        *("--spec-type", "draft-mtp"),
         *("--api-key-file", str(keys), "--host", "0.0.0.0", "--port", "18999"),
     ]
     assert sorted(body["overrides"]) == ["API_KEY_FILE", "HOST", "MMPROJ", "MODEL", "PORT"]
     assert body["url"] == "http://127.0.0.1:18999/"
-    # the model has an MTP head, but kvmem-server has no draft-mtp yet: the flags are dropped
-    assert body["notes"][-1] == (
-        "MTP: off, dropping --spec-type draft-mtp: "
-        "kvmem-server does not support --spec-type draft-mtp yet"
-    )
+    # the model has an MTP head and kvmem-server runs draft-mtp: the recipe's MTP flags stay
+    assert body["notes"][-1] == "MTP: on (--spec-type draft-mtp)"
     code, body, _ = dry_run(
         capsys, monkeypatch, ["iq3-16gib", "--port", "1234"], MODEL=str(hybrid27b), PORT="5"
     )
@@ -246,3 +244,23 @@ def test_unknown_recipe(
 ) -> None:
     code, _, err = dry_run(capsys, monkeypatch, ["no-such-recipe"])
     assert code == 2 and "unknown recipe 'no-such-recipe'; recipes: cpu-smollm2, iq3-16gib" in err
+
+
+def test_mtp_is_dropped_for_an_architecture_the_drafter_does_not_support(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    other = write_header(
+        tmp_path / "dense-mtp.gguf",
+        "llama",
+        block_count=32,
+        **{"attention.head_count": 32, "attention.head_count_kv": 8},
+        embedding_length=4096,
+        context_length=262144,
+        nextn_predict_layers=1,
+    )
+    code, body, _ = dry_run(capsys, monkeypatch, ["iq3-16gib"], MODEL=str(other))
+    assert code == 0
+    assert "--spec-type" not in body["argv"]
+    assert body["notes"][-1] == (
+        "MTP: off, dropping --spec-type draft-mtp: draft-mtp supports qwen35 models, not llama"
+    )

@@ -1,7 +1,7 @@
 """The flag table's speculative-decoding rows (llama.cpp's names), for kvmem-cli and
 kvmem-server. `--spec-type ngram-simple` (alias `draft-ngram`) turns on prompt-lookup
 drafts; `--spec-draft-n-max N` bounds the draft per step; `--spec-kv-dtype f16|q8_0` is the
-draft KV type of `draft-mtp`, which this build refuses. The values are checked together in
+draft KV type of `draft-mtp` (MTP-head drafts). The values are checked together in
 `spec_flags.spec_config_from_args`, before any model loads."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `--spec-type ngram-simple` (alias `draft-ngram`) turns on prompt-lookup drafts;
 `--spec-draft-n-max N` bounds the draft per step (default 3); `--spec-kv-dtype f16|q8_0`
-is the draft KV type of `draft-mtp`, which this build refuses (see spec_config.py).
+is the draft KV type of `draft-mtp` (the model's MTP head; engine/mtp_draft.py).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import llama_cpp
 import numpy as np
@@ -36,6 +37,18 @@ class ContextSettings:
     # recurrent-state rollback planes per sequence (hybrid models): seq_rm may then drop up
     # to n_rs_seq tokens from the tail (speculative verification); 0 = no rollback
     n_rs_seq: int = 0
+    draft_mtp: bool = False  # an MTP draft context: runs only the model's nextn layer
+
+
+class MainSeqObserver(Protocol):
+    """Told of every change to the main sequence made through this context (the MTP
+    drafter's draft context follows it: mtp_draft.py)."""
+
+    def after_decode(self, ctx: LlamaContext, tokens: Sequence[int], start_pos: int) -> None: ...
+
+    def after_seq_rm(self, p0: int, p1: int) -> None: ...
+
+    def after_seq_add(self, p0: int, p1: int, delta: int) -> None: ...
 
 
 class Batch:
@@ -85,6 +98,8 @@ class LlamaContext:
         p.kv_unified = True
         p.offload_kqv = settings.offload_kqv
         p.n_rs_seq = settings.n_rs_seq
+        if settings.draft_mtp:
+            p.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
         p.no_perf = True
         if eval_callback is not None:
             p.cb_eval = eval_callback
@@ -104,6 +119,7 @@ class LlamaContext:
         self._batch = Batch(self.n_batch)
         self.vision = None  # a media.VisionProjector: decodes image stand-in ids
         self.embd_batch = None  # media_prefill.EmbdBatch, made on the first image
+        self.observer: MainSeqObserver | None = None  # mtp_draft.MtpDrafter with draft-mtp
 
     # decoding --------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int], start_pos: int, logits: Sequence[bool]) -> None:
@@ -115,6 +131,8 @@ class LlamaContext:
         rc = llama_cpp.llama_decode(self.ptr, self._batch.raw)
         if rc != 0:
             raise DecodeError(f"llama_decode failed with code {rc} at position {start_pos}")
+        if self.observer is not None:
+            self.observer.after_decode(self, tokens, start_pos)
 
     def logits(self, index: int) -> np.ndarray:
         """A copy of the logits of output row `index` (-1 = last)."""
@@ -127,10 +145,14 @@ class LlamaContext:
     def seq_rm(self, seq: int, p0: int, p1: int) -> None:
         if not llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1):
             raise KVTransferError(f"seq_rm({seq}, {p0}, {p1}) failed")
+        if seq == MAIN_SEQ and self.observer is not None:
+            self.observer.after_seq_rm(p0, p1)
 
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
         """Shift the positions of seq's cells in [p0, p1) by delta (RoPE re-applied lazily)."""
         llama_cpp.llama_memory_seq_add(self.mem, seq, p0, p1, delta)
+        if seq == MAIN_SEQ and self.observer is not None:
+            self.observer.after_seq_add(p0, p1, delta)
 
     @property
     def can_shift(self) -> bool:
@@ -144,6 +166,8 @@ class LlamaContext:
 
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.mem, True)
+        if self.observer is not None:
+            self.observer.after_seq_rm(-1, -1)
 
     def get_state(
         self, seq: int, flags: int = 0, staging: StagingBuffer | None = None

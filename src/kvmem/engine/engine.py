@@ -31,6 +31,8 @@ from .kv_transfer import STAGING_BYTES
 from .llama_lib import ggml_base
 from .media import VisionProjector, VisionSettings
 from .model import GpuPlacement, LlamaModel, ModelInfo, resolve_model_path
+from .mtp_draft import MtpDrafter
+from .nextn_meta import check_mtp_head
 from .query_capture import QueryCapture
 from .sampler import Sampler, SamplingParams
 from .session import KVMemSession
@@ -73,6 +75,8 @@ class EngineSettings:
         self.cache_types.validate()
         self.kvmem.validate()
         self.spec.validate()
+        if self.spec.wants_mtp:  # from the GGUF's metadata, before any weights load
+            check_mtp_head(resolve_model_path(self.model_path))
         if self.cache_types.v.is_quantized and not self.flash_attn:
             raise ConfigError("-ctv", "a quantized V cache needs flash attention (-fa on)")
 
@@ -97,7 +101,9 @@ class Engine:
         self._owns_model = model is None
         if model is None:
             path = resolve_model_path(settings.model_path)
-            model = LlamaModel(path, settings.n_gpu_layers, settings.placement)
+            model = LlamaModel(
+                path, settings.n_gpu_layers, settings.placement, load_mtp=settings.spec.wants_mtp
+            )
         self.model = model
         self._check_hybrid(settings)
         train_ctx = llama_cpp.llama_model_n_ctx_train(self.model.ptr)
@@ -128,6 +134,11 @@ class Engine:
         if settings.vision is not None:
             self.vision = VisionProjector(self.model, settings.vision)
             self.ctx.vision = self.vision  # decodes the image rows of a prompt
+        self.mtp: MtpDrafter | None = None  # --spec-type draft-mtp: the draft context
+        if settings.spec.wants_mtp:
+            self.mtp = MtpDrafter(
+                self.ctx, settings.spec.kv_type, settings.spec.n_max, settings.n_threads
+            )
         store = self.disk_store  # (a TieredStore is falsy while empty: compare with None)
         if self.conv_disk is not None:
             store = self.conv_disk.open_store(0)
@@ -141,7 +152,7 @@ class Engine:
             self.is_eog,
             store=store,
             staging_bytes=settings.staging_bytes,
-            spec=spec_decoder(settings.spec),
+            spec=spec_decoder(settings.spec, self.mtp),
         )
         if self.disk_store is not None:
             self._load_stored_session(index)
@@ -202,7 +213,7 @@ class Engine:
             self.is_eog,
             store,
             staging_bytes=self.settings.staging_bytes,
-            spec=spec_decoder(self.settings.spec),
+            spec=spec_decoder(self.settings.spec, self.mtp),
         )
 
     def _fingerprint(self, index: RetrievalIndex | None) -> dict[str, str]:
@@ -433,6 +444,8 @@ class Engine:
         if isinstance(self.session.index, BackgroundIndex):
             self.session.index.close()
         self.session.transfer.close()  # the pinned staging buffer
+        if self.mtp is not None:
+            self.mtp.close()
         self.ctx.close()
         if self.vision is not None:
             self.vision.close()

@@ -39,7 +39,9 @@ class EngineLanes:
             )
         settings.validate()
         path = resolve_model_path(settings.model_path)
-        self.model = LlamaModel(path, settings.n_gpu_layers, settings.placement)
+        self.model = LlamaModel(
+            path, settings.n_gpu_layers, settings.placement, load_mtp=settings.spec.wants_mtp
+        )
         if n > 1:  # as llama-server's slots: each lane's context is -c / N
             total = settings.n_ctx or llama_cpp.llama_model_n_ctx_train(self.model.ptr)
             settings = replace(settings, n_ctx=max(1, total // n))

@@ -111,10 +111,15 @@ class LlamaModel:
     """An owned `llama_model *` with its vocabulary."""
 
     def __init__(
-        self, path: str, n_gpu_layers: int = -1, placement: GpuPlacement | None = None
+        self,
+        path: str,
+        n_gpu_layers: int = -1,
+        placement: GpuPlacement | None = None,
+        load_mtp: bool = False,  # also load the nextn (MTP) layers' weights (draft-mtp)
     ) -> None:
         init_backend()
         params = llama_cpp.llama_model_default_params()
+        params.load_mtp = load_mtp
         params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
         keep_alive = placement.apply(params) if placement is not None else None
         # llama.cpp's CPU "extra" buffer types (weight repacking, AMX) are off unless
@@ -133,6 +138,11 @@ class LlamaModel:
     def is_hybrid(self) -> bool:
         """Attention layers plus recurrent layers (qwen35, ...): a hybrid memory."""
         return bool(llama_cpp.llama_model_is_hybrid(self.ptr))
+
+    @property
+    def n_layer_nextn(self) -> int:
+        """The MTP (nextn) blocks after the trunk (0: no MTP head)."""
+        return int(llama_cpp.llama_model_n_layer_nextn(self.ptr))
 
     @property
     def is_recurrent(self) -> bool:

@@ -94,5 +94,12 @@ class SpecDecoder:
         return result.tokens
 
 
-def spec_decoder(config: SpecConfig) -> SpecDecoder | None:
-    return SpecDecoder(config) if config.enabled and config.type is SpecType.NGRAM else None
+def spec_decoder(config: SpecConfig, mtp: Drafter | None = None) -> SpecDecoder | None:
+    """The session's decoder: prompt lookup, or MTP drafts from `mtp` (mtp_draft.py)."""
+    if config.type is SpecType.NGRAM:
+        return SpecDecoder(config)
+    if config.type is SpecType.MTP:
+        if mtp is None:
+            raise ValueError("draft-mtp needs the engine's MTP drafter")
+        return SpecDecoder(config, mtp)
+    return None

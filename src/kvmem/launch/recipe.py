@@ -178,7 +178,8 @@ def server_supports(flag: str) -> bool:
 
 
 def spec_supported(args: Sequence[str]) -> bool:
-    """Whether kvmem-server runs the `--spec-type` value in `args` (draft-mtp: not yet)."""
+    """Whether kvmem-server runs the `--spec-type` value in `args` (draft-mtp needs a model
+    with an MTP head: the caller checks that)."""
     from kvmem.spec_config import SpecConfig, parse_spec_type
 
     try:
@@ -244,7 +245,10 @@ def build_plan(recipe: Recipe, options: LaunchOptions, environ: Mapping[str, str
     if recipe.mtp_args:
         supported = server_supports(recipe.mtp_args[0]) and spec_supported(recipe.mtp_args)
         has_head = geometry is not None and geometry.has_mtp_head
-        if supported and has_head:
+        from kvmem.spec_config import MTP_ARCHS
+
+        drafter_arch = geometry is not None and geometry.arch in MTP_ARCHS
+        if supported and has_head and drafter_arch:
             mtp = list(recipe.mtp_args)
             notes.append(f"MTP: on ({' '.join(mtp)})")
         else:
@@ -253,6 +257,8 @@ def build_plan(recipe: Recipe, options: LaunchOptions, environ: Mapping[str, str
                 why.append("the model file could not be read to look for an MTP head")
             elif not has_head:
                 why.append("the model has no MTP head")
+            elif not drafter_arch:
+                why.append(f"draft-mtp supports {', '.join(MTP_ARCHS)} models, not {geometry.arch}")
             if not supported:
                 why.append(f"kvmem-server does not support {' '.join(recipe.mtp_args[:2])} yet")
             notes.append(f"MTP: off, dropping {' '.join(recipe.mtp_args)}: {'; '.join(why)}")

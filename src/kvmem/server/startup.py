@@ -135,7 +135,7 @@ def ready_record(settings: ServerSettings, info: ModelInfoLike, stats: Any) -> d
         "max_output": "context" if settings.n_predict < 0 else settings.n_predict,
         "gpu_cells": getattr(stats, "gpu_cells_max", None),
         "vision": settings.mmproj is not None,
-        "mtp": False,
+        "mtp": settings.engine.spec.wants_mtp,  # drafts from the model's MTP head
         "speculative": settings.engine.spec.describe(),
         "slots": settings.parallel,
         "queue_size": settings.queue_size,

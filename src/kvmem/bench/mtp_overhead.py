@@ -1,0 +1,135 @@
+"""`kvmem-bench mtp-overhead`: decode with MTP drafts (--spec-type draft-mtp) against decode
+without drafts, in one run, on one model (loaded once, with its nextn layer).
+
+Meant for a synthetic qwen35 with `--nextn-layers 1` (random weights): its MTP head's drafts
+are (nearly) never accepted, so the measured slowdown is what draft-mtp costs at zero
+acceptance: the draft context's catch-up over every decoded row, n_draft single-row draft
+decodes of the nextn layer per step, and the verification of the rejected drafts (a batch
+of 1 + n_draft rows, and on a hybrid the recurrent-state snapshot and rewind). Both runs go
+through the KVMem session (the same window settings); the greedy outputs must be identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from kvmem.bench.report import format_table, machine_description, write_json
+from kvmem.cli.arg_types import gpu_layers
+from kvmem.cli.kvmem_flags import strict_int
+from kvmem.config import KVMemConfig
+from kvmem.engine import Engine, EngineSettings
+from kvmem.engine.model import LlamaModel, resolve_model_path
+from kvmem.engine.nextn_meta import check_mtp_head
+from kvmem.engine.sampler import SamplingParams
+from kvmem.errors import ConfigError
+from kvmem.spec_config import SPEC_KV_TYPES, SpecConfig, SpecType
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "mtp-overhead", help="decode tok/s with draft-mtp vs without drafts (same run)"
+    )
+    p.add_argument("-m", "--model", required=True, metavar="PATH.gguf", help="with a nextn layer")
+    p.add_argument("--prompt-tokens", type=strict_int, default=1024)
+    p.add_argument("--max-tokens", type=strict_int, default=256)
+    p.add_argument("--n-draft", type=strict_int, default=3, help="--spec-draft-n-max")
+    p.add_argument("--spec-kv-dtype", choices=sorted(SPEC_KV_TYPES), default="f16")
+    p.add_argument("-c", "--ctx-size", type=strict_int, default=8192)
+    p.add_argument("--budget", type=strict_int, default=4096, help="--kvmem-budget")
+    p.add_argument("--gen-reserve", type=strict_int, default=1024, help="--kvmem-gen-reserve")
+    p.add_argument("-b", "--batch-size", type=strict_int, default=512)
+    p.add_argument("-t", "--threads", type=strict_int, default=None)
+    p.add_argument(
+        "-ngl", "--gpu-layers", type=gpu_layers, default=-1, help="N, all or auto (default: all)"
+    )
+    p.add_argument("--out", default=None, metavar="DIR")
+    p.set_defaults(handler=run)
+
+
+def _prompt(n: int, n_vocab: int) -> list[int]:
+    return [1 + (7919 * i + 13) % (n_vocab - 2) for i in range(n)]
+
+
+def run(ns: argparse.Namespace) -> int:
+    for flag, value in (("--max-tokens", ns.max_tokens), ("--prompt-tokens", ns.prompt_tokens)):
+        if value <= 0:
+            raise ConfigError(flag, f"must be positive, got {value}")
+    path = resolve_model_path(ns.model)
+    check_mtp_head(path)
+    spec = SpecConfig(SpecType.MTP, ns.n_draft, SPEC_KV_TYPES[ns.spec_kv_dtype])
+    spec.validate()
+    base = EngineSettings(
+        model_path=path,
+        n_ctx=ns.ctx_size,
+        n_batch=ns.batch_size,
+        n_ubatch=min(512, ns.batch_size),
+        n_threads=ns.threads,
+        n_gpu_layers=ns.gpu_layers,
+        kvmem=KVMemConfig(budget=ns.budget, gen_reserve=ns.gen_reserve),
+    )
+    model = LlamaModel(path, ns.gpu_layers, load_mtp=True)
+    runs: dict[str, dict] = {}
+    outputs: dict[str, list[int]] = {}
+    try:
+        prompt = _prompt(ns.prompt_tokens, model.describe(ns.ctx_size).n_vocab)
+        for name, settings in (
+            ("plain", base),
+            ("draft-mtp", dataclasses.replace(base, spec=spec)),
+        ):
+            engine = Engine(settings, model=model)
+            try:
+                out = list(engine.generate(prompt, sampling=GREEDY, max_tokens=ns.max_tokens))
+                st = engine.last_turn
+            finally:
+                engine.close()
+            outputs[name] = out
+            tps = st.generated_tokens / (st.decode_ms / 1000.0) if st.decode_ms else 0.0
+            runs[name] = {
+                "tokens": st.generated_tokens,
+                "decode_ms": st.decode_ms,
+                "tok_s": tps,
+                "prefill_ms": st.prefill_ms,
+                "draft_n": st.draft_n,
+                "draft_n_accepted": st.draft_n_accepted,
+            }
+    finally:
+        model.close()
+    identical = outputs["plain"] == outputs["draft-mtp"]
+    plain, mtp = runs["plain"], runs["draft-mtp"]
+    ratio = mtp["tok_s"] / plain["tok_s"] if plain["tok_s"] else 0.0
+    acceptance = mtp["draft_n_accepted"] / mtp["draft_n"] if mtp["draft_n"] else 0.0
+    rows = [
+        [
+            name,
+            r["tokens"],
+            r["decode_ms"] / 1000.0,
+            r["tok_s"],
+            r["draft_n"],
+            r["draft_n_accepted"],
+        ]
+        for name, r in runs.items()
+    ]
+    headers = ["decoding", "tokens", "seconds", "tok/s", "drafted", "accepted"]
+    title = f"prompt {ns.prompt_tokens} tokens, greedy, n_draft {ns.n_draft}, {ns.spec_kv_dtype}"
+    print(format_table(headers, rows, title=title))
+    print(
+        f"identical: {identical}  draft-mtp/plain decode: {ratio:.3f}x  "
+        f"acceptance: {acceptance:.1%}"
+    )
+    payload = {
+        "command": "mtp-overhead",
+        "model": path,
+        "settings": {k: v for k, v in vars(ns).items() if k != "handler"},
+        "machine": machine_description(),
+        "identical": identical,
+        "decode_ratio": ratio,
+        "acceptance": acceptance,
+        "runs": runs,
+    }
+    out = write_json(ns.out, "mtp_overhead.json", payload)
+    if out is not None:
+        print(f"wrote {out}")
+    return 0 if identical else 1
