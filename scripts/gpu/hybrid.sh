@@ -46,7 +46,7 @@ timeout 40 "${BENCH[@]}" mtp-overhead -m "$HYB" --n-draft 3 --prompt-tokens "$MT
   --max-tokens "$TOKENS" -c 8192 --budget 4096 --gen-reserve 1024 -t "$THREADS" \
   -ngl "${NGL/all/-1}" --out "$STEPS/mtp" || echo "step 2 failed"
 echo "== 3. hybrid decode at $CTX (window $BUDGET) against stock at the window size"
-timeout 60 "${BENCH[@]}" decode-sweep -m "$HYB" --contexts "$CTX" --configs kvmem \
+timeout "${HYBRID_SWEEP_TIMEOUT:-60}" "${BENCH[@]}" decode-sweep -m "$HYB" --contexts "$CTX" --configs kvmem \
   --budget "$BUDGET" --gen-reserve 1024 --gen-tokens 64 -ngl "$NGL" --out "$STEPS/sweep" || echo "step 3 failed"
 "$PY" - "$STEPS" "$OUT/hybrid.json" <<'PYEOF'
 import json, pathlib, sys
