@@ -25,7 +25,13 @@ from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
 from kvmem.config import KVMemConfig
 from kvmem.engine import MAX_LANES, Engine, EngineLanes, EngineSettings, SamplingParams
-from kvmem.engine.seq_baseline import agreeing_prefix, baseline_settings, n_contexts, one_context
+from kvmem.engine.seq_baseline import (
+    agreeing_prefix,
+    baseline_settings,
+    n_contexts,
+    one_context,
+    run_threads,
+)
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
 
@@ -55,33 +61,21 @@ def measure(lanes: EngineLanes, n: int, gen_tokens: int) -> dict[str, Any]:
     first: list[float] = [0.0] * n
     last: list[float] = [0.0] * n
     counts: list[int] = [0] * n
-    errors: list[BaseException] = []
     barrier = threading.Barrier(n)
 
     def client(i: int) -> None:
         engine = lanes.lanes[i]
-        try:
-            engine.reset()
-            prompt = _prompt(engine, i)
-            barrier.wait()
-            for _ in engine.generate(
-                prompt, sampling=GREEDY, max_tokens=gen_tokens, ignore_eos=True
-            ):
-                now = time.perf_counter()
-                if counts[i] == 0:
-                    first[i] = now
-                counts[i] += 1
-                last[i] = now
-        except BaseException as exc:  # reported after the join
-            errors.append(exc)
+        engine.reset()
+        prompt = _prompt(engine, i)
+        barrier.wait()
+        for _ in engine.generate(prompt, sampling=GREEDY, max_tokens=gen_tokens, ignore_eos=True):
+            now = time.perf_counter()
+            if counts[i] == 0:
+                first[i] = now
+            counts[i] += 1
+            last[i] = now
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    run_threads(client, n, barrier)
     span = max(last) - min(first)
     total = sum(counts)
     per_lane = [

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import llama_cpp
@@ -114,7 +114,6 @@ def n_contexts(
     n = len(prompts)
     spans: list[tuple[float, float]] = [(0.0, 0.0)] * n
     outputs: list[list[int]] = [[] for _ in range(n)]
-    errors: list[BaseException] = []
     barrier = threading.Barrier(n)
 
     def worker(i: int) -> None:
@@ -132,22 +131,37 @@ def n_contexts(
                 outputs[i].append(token)
                 pos += 1
             spans[i] = (t0, time.perf_counter())
-        except BaseException as exc:  # reported after the join
-            errors.append(exc)
-            barrier.abort()
         finally:
             batch.free()
             ctx.close()
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    run_threads(worker, n, barrier)
+    seconds = max(end for _, end in spans) - min(start for start, _ in spans)
+    return BaselineRun("n_contexts", n, n * (gen_tokens - 1), seconds, outputs)
+
+
+def run_threads(
+    target: Callable[[int], None], n: int, barrier: threading.Barrier | None = None
+) -> None:
+    """target(0) .. target(n - 1) on n threads; the first error is raised after the join
+    (and breaks `barrier`, so that the others do not wait for the failed one)."""
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            target(i)
+        except BaseException as exc:  # reported after the join
+            errors.append(exc)
+            if barrier is not None:
+                barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
-    seconds = max(end for _, end in spans) - min(start for start, _ in spans)
-    return BaselineRun("n_contexts", n, n * (gen_tokens - 1), seconds, outputs)
 
 
 def agreeing_prefix(a: list[list[int]], b: list[list[int]]) -> int:
