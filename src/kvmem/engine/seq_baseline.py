@@ -66,11 +66,18 @@ class _SeqBatch:
 
 
 def _greedy(ctx: LlamaContext, model: LlamaModel, row: int) -> int:
-    logits = ctx.logits(row)  # [n_vocab]
+    """The argmax of output row `row`, end-of-generation tokens banned (read in place: a
+    copy only when an EOG token has to be masked)."""
+    ptr = llama_cpp.llama_get_logits_ith(ctx.ptr, row)
+    if not ptr:
+        raise DecodeError(f"no logits for output {row} (seq-id baseline)")
+    logits = np.ctypeslib.as_array(ptr, shape=(ctx.n_vocab,))  # [n_vocab], a view
     token = int(np.argmax(logits))
-    while model.is_eog(token):
-        logits[token] = -np.inf
-        token = int(np.argmax(logits))
+    if model.is_eog(token):
+        logits = logits.copy()  # [n_vocab]
+        while model.is_eog(token):
+            logits[token] = -np.inf
+            token = int(np.argmax(logits))
     return token
 
 
