@@ -188,3 +188,11 @@ class KVMemConfig:
 def _positive(flag: str, value: int) -> None:
     if value <= 0:
         raise ConfigError(flag, f"must be a positive number, got {value}")
+
+
+def lane_disk_dir(disk_dir: str | None, lane: int) -> str | None:
+    """Lane `lane`'s store under --kvmem-disk-dir with --parallel: lane 0's is DIR itself
+    (the --parallel 1 layout), lane k's DIR/lane-<k>."""
+    if disk_dir is None or lane == 0:
+        return disk_dir
+    return str(Path(disk_dir) / f"lane-{lane}")

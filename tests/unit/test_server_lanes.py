@@ -11,6 +11,7 @@ import pytest
 
 from kvmem.chat.turn import ChatFinish, TurnDone
 from kvmem.cli.server_config import load_server_settings
+from kvmem.config import lane_disk_dir
 from kvmem.errors import ConfigError, QueueFullError, ServerShuttingDownError
 from kvmem.server.channel import JobFailed
 from kvmem.server.metrics import ServerMetrics
@@ -140,5 +141,8 @@ def test_parallel_flag_bounds() -> None:
     assert load_server_settings(["--parallel", "-1"], {})[0].parallel == 1
     with pytest.raises(ConfigError, match="--parallel: 5 lanes asked, at most 4"):
         load_server_settings(["--parallel", "5"], {})
-    with pytest.raises(ConfigError, match="not supported yet"):
-        load_server_settings(["--parallel", "2", "--kvmem-disk-dir", "/tmp/kvmem-x"], {})
+    settings = load_server_settings(["--parallel", "2", "--kvmem-disk-dir", "/tmp/kvmem-x"], {})[0]
+    assert (settings.parallel, settings.engine.kvmem.disk_dir) == (2, "/tmp/kvmem-x")
+    dirs = [lane_disk_dir("/tmp/kvmem-x", k) for k in range(3)]
+    assert dirs == ["/tmp/kvmem-x", "/tmp/kvmem-x/lane-1", "/tmp/kvmem-x/lane-2"]
+    assert lane_disk_dir(None, 1) is None

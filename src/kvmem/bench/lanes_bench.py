@@ -5,6 +5,11 @@ N client threads each generate `--gen-tokens` tokens (EOG banned, greedy) on the
 lane at the same time, each from its own short prompt. Aggregate decode tok/s = all
 tokens generated / the wall time from the first lane's first token to the last lane's
 last; the ratios to one lane are printed from the same run.
+
+Then, on the same loaded weights and unless `--no-baseline`, the plain-llama.cpp baseline
+(no KVMem, engine/seq_baseline.py) of the two lane designs: N sequence ids batched in ONE
+context (one llama_decode per step) against N contexts decoding on N threads, with the
+ratio one-context / N-contexts from the same run.
 """
 
 from __future__ import annotations
@@ -20,6 +25,13 @@ from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
 from kvmem.config import KVMemConfig
 from kvmem.engine import MAX_LANES, Engine, EngineLanes, EngineSettings, SamplingParams
+from kvmem.engine.seq_baseline import (
+    agreeing_prefix,
+    baseline_settings,
+    n_contexts,
+    one_context,
+    run_threads,
+)
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
 
@@ -49,33 +61,21 @@ def measure(lanes: EngineLanes, n: int, gen_tokens: int) -> dict[str, Any]:
     first: list[float] = [0.0] * n
     last: list[float] = [0.0] * n
     counts: list[int] = [0] * n
-    errors: list[BaseException] = []
     barrier = threading.Barrier(n)
 
     def client(i: int) -> None:
         engine = lanes.lanes[i]
-        try:
-            engine.reset()
-            prompt = _prompt(engine, i)
-            barrier.wait()
-            for _ in engine.generate(
-                prompt, sampling=GREEDY, max_tokens=gen_tokens, ignore_eos=True
-            ):
-                now = time.perf_counter()
-                if counts[i] == 0:
-                    first[i] = now
-                counts[i] += 1
-                last[i] = now
-        except BaseException as exc:  # reported after the join
-            errors.append(exc)
+        engine.reset()
+        prompt = _prompt(engine, i)
+        barrier.wait()
+        for _ in engine.generate(prompt, sampling=GREEDY, max_tokens=gen_tokens, ignore_eos=True):
+            now = time.perf_counter()
+            if counts[i] == 0:
+                first[i] = now
+            counts[i] += 1
+            last[i] = now
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    run_threads(client, n, barrier)
     span = max(last) - min(first)
     total = sum(counts)
     per_lane = [
@@ -92,6 +92,62 @@ def measure(lanes: EngineLanes, n: int, gen_tokens: int) -> dict[str, Any]:
     }
 
 
+def measure_baseline(lanes: EngineLanes, counts: tuple[int, ...], gen: int) -> list[dict]:
+    """For each N: plain llama.cpp, N seq ids in one context vs N contexts (no KVMem)."""
+    engine = lanes.lanes[0]
+    prompts = [_prompt(engine, i) for i in range(max(counts))]
+    settings = baseline_settings(engine.ctx.settings, max(len(p) for p in prompts) + gen)
+    one_context(lanes.model, settings, prompts[:1], min(16, gen))  # warm-up
+    rows = []
+    for n in counts:
+        one = one_context(lanes.model, settings, prompts[:n], gen)
+        many = n_contexts(lanes.model, settings, prompts[:n], gen)
+        rows.append(
+            {
+                "sequences": n,
+                "tokens": one.tokens,
+                "one_context_tok_s": one.tok_s,
+                "n_contexts_tok_s": many.tok_s,
+                "one_context_over_n_contexts": one.tok_s / many.tok_s if many.tok_s else None,
+                "same_greedy_tokens": agreeing_prefix(one.outputs, many.outputs),
+            }
+        )
+        logger.info(
+            "baseline %d seqs: one context %.1f, %d contexts %.1f tok/s",
+            n,
+            one.tok_s,
+            n,
+            many.tok_s,
+        )
+    return rows
+
+
+def baseline_table(rows: list[dict], gen: int) -> str:
+    body = [
+        [
+            r["sequences"],
+            f"{r['one_context_tok_s']:.1f}",
+            f"{r['n_contexts_tok_s']:.1f}",
+            "-"
+            if r["one_context_over_n_contexts"] is None
+            else f"{r['one_context_over_n_contexts']:.2f}x",
+            r["same_greedy_tokens"],
+        ]
+        for r in rows
+    ]
+    return format_table(
+        [
+            "N",
+            "1 context, N seq ids tok/s",
+            "N contexts tok/s",
+            "seq ids / contexts",
+            "equal greedy tokens",
+        ],
+        body,
+        title=f"plain llama.cpp, no KVMem: {gen} tokens per sequence",
+    )
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("lanes", help="aggregate decode tok/s of concurrent --parallel lanes")
     p.add_argument("-m", "--model", required=True, metavar="PATH.gguf|NAME")
@@ -103,6 +159,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-t", "--threads", type=strict_int, default=None)
     p.add_argument(
         "-ngl", "--gpu-layers", type=gpu_layers, default=-1, help="N, all or auto (default: all)"
+    )
+    p.add_argument(
+        "--no-baseline",
+        dest="baseline",
+        action="store_false",
+        help="skip the plain-llama.cpp baseline (N seq ids in one context vs N contexts)",
     )
     p.add_argument("--out", default=None, metavar="DIR")
     add_kv_cache_arguments(p)
@@ -127,6 +189,7 @@ def run(ns: argparse.Namespace) -> int:
         for n in counts:
             results.append(measure(lanes, n, ns.gen_tokens))
             logger.info("%d lanes: %.1f tok/s", n, results[-1]["aggregate_tok_s"])
+        baseline = measure_baseline(lanes, counts, ns.gen_tokens) if ns.baseline else []
     finally:
         lanes.close()
     base = next((r["aggregate_tok_s"] for r in results if r["lanes"] == 1), None)
@@ -149,6 +212,9 @@ def run(ns: argparse.Namespace) -> int:
             title=f"concurrent lanes, {ns.gen_tokens} tokens each",
         )
     )
+    if baseline:
+        print()
+        print(baseline_table(baseline, ns.gen_tokens))
     payload = {
         "command": "lanes",
         "settings": {
@@ -162,6 +228,7 @@ def run(ns: argparse.Namespace) -> int:
         },
         "machine": machine_description(),
         "results": results,
+        "baseline_no_kvmem": baseline,
         "seconds": time.perf_counter() - t0,
     }
     path = write_json(ns.out, "lanes.json", payload)

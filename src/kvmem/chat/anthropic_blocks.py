@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kvmem.chat.text_parts import joined_text
 from kvmem.errors import InvalidRequestError
 
 _BLOCK_KEYS = {
@@ -93,22 +94,24 @@ def _blocks(content: Any, at: str, allowed: tuple[str, ...]) -> list[dict[str, A
 
 
 def _texts(raw: Any, at: str) -> str:
-    if isinstance(raw, str):
-        return raw
-    if not isinstance(raw, list):
-        raise InvalidRequestError(f"'{at}' must be a string or an array of text blocks", at)
-    texts = []
-    for j, block in enumerate(raw):
-        where = f"{at}.{j}"
-        if not isinstance(block, dict) or block.get("type") != "text":
-            raise InvalidRequestError(f"{where} must be a text block", f"{where}.type")
-        extra = sorted(set(block) - _BLOCK_KEYS["text"])
-        if extra:
-            raise InvalidRequestError(f"{where}.{extra[0]} is not supported", f"{where}.{extra[0]}")
-        if not isinstance(block.get("text"), str):
-            raise InvalidRequestError(f"{where}.text must be a string", f"{where}.text")
-        texts.append(block["text"])
-    return "\n".join(texts)
+    return joined_text(
+        raw, at, f"'{at}' must be a string or an array of text blocks", _text_block, _dotted
+    )
+
+
+def _text_block(block: Any, where: str) -> str:
+    if not isinstance(block, dict) or block.get("type") != "text":
+        raise InvalidRequestError(f"{where} must be a text block", f"{where}.type")
+    extra = sorted(set(block) - _BLOCK_KEYS["text"])
+    if extra:
+        raise InvalidRequestError(f"{where}.{extra[0]} is not supported", f"{where}.{extra[0]}")
+    if not isinstance(block.get("text"), str):
+        raise InvalidRequestError(f"{where}.text must be a string", f"{where}.text")
+    return block["text"]
+
+
+def _dotted(at: str, j: int) -> str:
+    return f"{at}.{j}"
 
 
 def _user(blocks: list[dict[str, Any]], at: str) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvmem.chat.text_parts import joined_text
 from kvmem.errors import InvalidRequestError
 
 _ROLES = frozenset({"user", "system", "developer", "assistant"})
@@ -77,23 +78,25 @@ def _string(item: dict[str, Any], key: str, at: str) -> str:
 
 
 def _text_parts(content: Any, at: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise InvalidRequestError(f"{at} must be a string or an array of content parts", at)
-    texts = []
-    for j, part in enumerate(content):
-        where = f"{at}[{j}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if not isinstance(kind, str) or kind not in _TEXT_PARTS:
-            raise InvalidRequestError(
-                f"{where}.type {kind!r} is not supported: only input_text and output_text parts",
-                f"{where}.type",
-            )
-        if not isinstance(part.get("text"), str):
-            raise InvalidRequestError(f"{where}.text must be a string", f"{where}.text")
-        texts.append(part["text"])
-    return "\n".join(texts)
+    return joined_text(
+        content, at, f"{at} must be a string or an array of content parts", _text_part, _indexed
+    )
+
+
+def _text_part(part: Any, where: str) -> str:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if not isinstance(kind, str) or kind not in _TEXT_PARTS:
+        raise InvalidRequestError(
+            f"{where}.type {kind!r} is not supported: only input_text and output_text parts",
+            f"{where}.type",
+        )
+    if not isinstance(part.get("text"), str):
+        raise InvalidRequestError(f"{where}.text must be a string", f"{where}.text")
+    return part["text"]
+
+
+def _indexed(at: str, j: int) -> str:
+    return f"{at}[{j}]"
 
 
 def _message(item: dict[str, Any], at: str) -> dict[str, Any]:

@@ -52,7 +52,7 @@ def check_gguf_file(path: str, flag: str) -> None:
 
 
 # --parallel lanes (engine/lanes.py) ------------------------------------------------------
-def _lanes(v: dict[str, Any], disk_dir: str | None) -> int:
+def _lanes(v: dict[str, Any]) -> int:
     """--parallel N: 1 to MAX_LANES lanes (-1, llama.cpp's auto: 1)."""
     n = 1 if v["parallel"] == -1 else int(v["parallel"])
     if n > MAX_LANES:
@@ -61,8 +61,6 @@ def _lanes(v: dict[str, Any], disk_dir: str | None) -> int:
             f"{n} lanes asked, at most {MAX_LANES} are supported "
             "(each lane is a context of budget + reserve cells)",
         )
-    if n > 1 and disk_dir is not None:
-        raise ConfigError("--parallel", "several lanes with --kvmem-disk-dir are not supported yet")
     return n
 
 
@@ -147,7 +145,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         parsed.env_api_keys + v["api_key"], parsed.env_api_key_files + v["api_key_file"]
     )
     flags = kvmem_config_from_args(parsed.namespace, trace_env=trace_from_env(environ))
-    lanes = _lanes(v, flags.kvmem.disk_dir)
+    lanes = _lanes(v)
     if v["jinja"] is False:
         parsed.warnings.append(
             "--no-jinja is ignored: kvmem-server always renders Jinja chat templates"

@@ -38,6 +38,7 @@ class ContextSettings:
     # to n_rs_seq tokens from the tail (speculative verification); 0 = no rollback
     n_rs_seq: int = 0
     draft_mtp: bool = False  # an MTP draft context: runs only the model's nextn layer
+    n_seq_max: int = N_SEQ  # sequence ids (KVMem: main + 2 staging; the seq-id baseline: N)
 
 
 class MainSeqObserver(Protocol):
@@ -86,7 +87,7 @@ class LlamaContext:
         p.n_ctx = settings.n_cells
         p.n_batch = settings.n_batch
         p.n_ubatch = min(settings.n_ubatch, settings.n_batch)
-        p.n_seq_max = N_SEQ
+        p.n_seq_max = settings.n_seq_max
         threads = settings.n_threads or os.cpu_count() or 1
         p.n_threads = threads
         p.n_threads_batch = settings.n_threads_batch or threads

@@ -7,6 +7,13 @@ conversations. As llama-server divides `-c` among its slots, each lane's logical
 `-c / N`. A lane's context is used by one thread at a time (the server's lane
 thread); lanes never share a context, so their generations run concurrently and their
 KV never mixes. `Engine` alone stays the N = 1 API of the CLI and the benchmarks.
+
+With `--kvmem-disk-dir DIR` each lane has its own store, as llama-server's slots each
+have their own saved state: lane 0's is DIR itself (the layout of `--parallel 1`, so a
+store made without lanes is lane 0's), lane k's is DIR/lane-<k>. Every lane persists its
+conversation(s) after each turn and loads them at start; the server routes a request to
+the free lane whose (restored) history shares the longest prefix with it, so after a
+restart each conversation resumes, with cached tokens, on the lane that stored it.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from dataclasses import fields, replace
 
 import llama_cpp
 
+from kvmem.config import lane_disk_dir
 from kvmem.errors import ConfigError
 
 from .engine import Engine, EngineSettings
@@ -33,10 +41,6 @@ class EngineLanes:
     def __init__(self, settings: EngineSettings, n: int, trace_stream=None) -> None:
         if not 1 <= n <= MAX_LANES:
             raise ConfigError("--parallel", f"must be between 1 and {MAX_LANES}, got {n}")
-        if n > 1 and settings.kvmem.disk_dir is not None:
-            raise ConfigError(
-                "--parallel", "several lanes with --kvmem-disk-dir are not supported yet"
-            )
         settings.validate()
         path = resolve_model_path(settings.model_path)
         self.model = LlamaModel(
@@ -47,8 +51,9 @@ class EngineLanes:
             settings = replace(settings, n_ctx=max(1, total // n))
         self.lanes: list[Engine] = []
         try:
-            for _ in range(n):
-                self.lanes.append(Engine(settings, trace_stream, model=self.model))
+            for k in range(n):
+                lane = lane_settings(settings, k)
+                self.lanes.append(Engine(lane, trace_stream, model=self.model))
         except BaseException:
             self.close()
             raise
@@ -96,6 +101,14 @@ class EngineLanes:
             engine.close()
         self.lanes = []
         self.model.close()
+
+
+def lane_settings(settings: EngineSettings, lane: int) -> EngineSettings:
+    """Lane `lane`'s settings: its own store under --kvmem-disk-dir (lane 0: DIR itself)."""
+    disk_dir = lane_disk_dir(settings.kvmem.disk_dir, lane)
+    if disk_dir == settings.kvmem.disk_dir:
+        return settings
+    return replace(settings, kvmem=replace(settings.kvmem, disk_dir=disk_dir))
 
 
 def combined_stats(parts: list[EngineStats]) -> EngineStats:

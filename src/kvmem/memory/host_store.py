@@ -89,7 +89,85 @@ class BlockStore(Protocol):
     def fingerprint(self) -> str: ...
 
 
-class HostStore:
+class BlockLedger:
+    """The byte accounting of a store: each stored block's bytes, their total, and the
+    store's cumulative counters (`HostStoreStats`). `HostStore` keeps one beside its dict
+    of blocks, `TieredStore` one over both tiers (a block counts once, wherever it lives)."""
+
+    def __init__(self) -> None:
+        self._sizes: dict[int, int] = {}
+        self._nbytes = 0
+        self.stats = HostStoreStats()
+
+    def stored(self, block_id: int, size: int, *, count: bool = True) -> None:
+        """`block_id` now holds `size` bytes (replacing what it held); `count`: a put
+        (False: a block registered again, e.g. found on disk at start)."""
+        self._nbytes += size - self._sizes.get(block_id, 0)
+        self._sizes[block_id] = size
+        if count:
+            self.stats.blocks_stored += 1
+            self.stats.bytes_in += size
+            self.stats.peak_bytes = max(self.stats.peak_bytes, self._nbytes)
+
+    def dropped(self, block_ids: Iterable[int]) -> tuple[list[int], int]:
+        """Forget the stored ones of `block_ids`: (the ids that were stored, bytes freed)."""
+        gone: list[int] = []
+        freed = 0
+        for block_id in block_ids:
+            size = self._sizes.pop(block_id, None)
+            if size is None:
+                continue
+            gone.append(block_id)
+            freed += size
+            self.stats.blocks_dropped += 1
+        self._nbytes -= freed
+        return gone, freed
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._sizes
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def block_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(self._sizes))
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+
+class LedgerQueries:
+    """The `BlockStore` queries a store answers from its `BlockLedger` and fingerprint."""
+
+    _ledger: BlockLedger
+    _fingerprint: str
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._ledger
+
+    def __len__(self) -> int:
+        return len(self._ledger)
+
+    def block_ids(self) -> tuple[int, ...]:
+        return self._ledger.block_ids()
+
+    @property
+    def nbytes(self) -> int:
+        """Exact bytes of the stored blocks' positions, K and V arrays (whichever tier)."""
+        return self._ledger.nbytes
+
+    @property
+    def stats(self) -> HostStoreStats:
+        return self._ledger.stats
+
+    @property
+    def fingerprint(self) -> str:
+        """What the stored blocks' KV format is (empty: not tracked)."""
+        return self._fingerprint
+
+
+class HostStore(LedgerQueries):
     """Blocks in a dict, with exact byte accounting. Implements `BlockStore`.
 
     `put` takes ownership of the block: its arrays are made read-only, and arrays that
@@ -100,8 +178,7 @@ class HostStore:
     def __init__(self, fingerprint: str = "") -> None:
         self._fingerprint = fingerprint
         self._blocks: dict[int, BlockKV] = {}
-        self._nbytes = 0
-        self._stats = HostStoreStats()
+        self._ledger = BlockLedger()
 
     def put(self, block: BlockKV) -> None:
         """Store `block`, replacing a stored block with the same id."""
@@ -114,15 +191,8 @@ class HostStore:
             v=[rows(a) for a in block.v],
             ext=_owned(block.ext) if block.ext is not None else None,
         )
-        old = self._blocks.pop(owned.block_id, None)
-        if old is not None:
-            self._nbytes -= old.nbytes
         self._blocks[owned.block_id] = owned
-        size = owned.nbytes
-        self._nbytes += size
-        self._stats.blocks_stored += 1
-        self._stats.bytes_in += size
-        self._stats.peak_bytes = max(self._stats.peak_bytes, self._nbytes)
+        self._ledger.stored(owned.block_id, owned.nbytes)
 
     def get(self, block_id: int) -> BlockKV:
         """The stored block (read-only arrays); KVTransferError if it is not stored.
@@ -137,38 +207,10 @@ class HostStore:
 
     def drop(self, block_ids: Iterable[int]) -> int:
         """Remove the blocks that are stored (others are ignored); returns the bytes freed."""
-        freed = 0
-        for block_id in block_ids:
-            block = self._blocks.pop(block_id, None)
-            if block is None:
-                continue
-            freed += block.nbytes
-            self._stats.blocks_dropped += 1
-        self._nbytes -= freed
+        gone, freed = self._ledger.dropped(block_ids)
+        for block_id in gone:
+            del self._blocks[block_id]
         return freed
-
-    def __contains__(self, block_id: object) -> bool:
-        return block_id in self._blocks
-
-    def __len__(self) -> int:
-        return len(self._blocks)
-
-    def block_ids(self) -> tuple[int, ...]:
-        return tuple(sorted(self._blocks))
-
-    @property
-    def nbytes(self) -> int:
-        """Exact bytes of the stored positions, K and V arrays."""
-        return self._nbytes
-
-    @property
-    def stats(self) -> HostStoreStats:
-        return self._stats
-
-    @property
-    def fingerprint(self) -> str:
-        """What the stored blocks' KV format is (empty: not tracked)."""
-        return self._fingerprint
 
 
 def _shared_rows(block: BlockKV):

@@ -32,7 +32,7 @@ from typing import IO, Any
 
 from kvmem.errors import ConfigError, KVTransferError, StoreCorruptError
 from kvmem.memory.block_file import block_parts, decode_block, encoded_size, new_hasher
-from kvmem.memory.host_store import BlockKV, HostStore, HostStoreStats
+from kvmem.memory.host_store import BlockKV, BlockLedger, HostStore, LedgerQueries
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +65,13 @@ class _OnDisk:
 @dataclass(slots=True)
 class _Entry:
     version: int
-    nbytes: int
 
 
 def _default_opener(path: str) -> IO[bytes]:
     return open(path, "xb")  # noqa: SIM115 - closed by the writer
 
 
-class TieredStore:
+class TieredStore(LedgerQueries):
     """RAM tier over a disk tier, with a writer thread. Implements `BlockStore`."""
 
     def __init__(
@@ -101,7 +100,7 @@ class TieredStore:
         self._summary_saved: dict[int, int] = {}  # block id -> version whose summary is saved
         self._version = 0
         self._lock = threading.Lock()
-        self._stats = HostStoreStats()
+        self._ledger = BlockLedger()  # the bytes of every block, whichever tier holds it
         self.tier = TierStats()
         self.degraded: str | None = None  # the reason, once writes stopped
         self._disk_full_warned = False
@@ -116,13 +115,10 @@ class TieredStore:
         with self._lock:
             self._ram.put(block)
             self._version += 1
-            entry = _Entry(self._version, self._ram.get(block.block_id).nbytes)
             old = self._entries.get(block.block_id)
-            self._entries[block.block_id] = entry
+            self._entries[block.block_id] = entry = _Entry(self._version)
+            self._ledger.stored(block.block_id, self._ram.get(block.block_id).nbytes)
             self._touch(block.block_id)
-            self._stats.blocks_stored += 1
-            self._stats.bytes_in += entry.nbytes
-            self._stats.peak_bytes = max(self._stats.peak_bytes, self.nbytes)
             if old is not None:
                 self._summary_saved.pop(block.block_id, None)
             self._submit("write", (block.block_id, entry.version))
@@ -154,14 +150,10 @@ class TieredStore:
             return block
 
     def drop(self, block_ids: Iterable[int]) -> int:
-        freed = 0
         with self._lock:
-            for block_id in block_ids:
-                entry = self._entries.pop(block_id, None)
-                if entry is None:
-                    continue
-                freed += entry.nbytes
-                self._stats.blocks_dropped += 1
+            gone, freed = self._ledger.dropped(block_ids)
+            for block_id in gone:
+                del self._entries[block_id]
                 self._ram.drop([block_id])
                 self._lru.pop(block_id, None)
                 self._summary_saved.pop(block_id, None)
@@ -170,26 +162,7 @@ class TieredStore:
 
     def block_ids(self) -> tuple[int, ...]:
         with self._lock:
-            return tuple(sorted(self._entries))
-
-    def __contains__(self, block_id: object) -> bool:
-        return block_id in self._entries
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of every stored block, whichever tier holds it."""
-        return sum(e.nbytes for e in self._entries.values())
-
-    @property
-    def stats(self) -> HostStoreStats:
-        return self._stats
-
-    @property
-    def fingerprint(self) -> str:
-        return self._fingerprint
+            return self._ledger.block_ids()
 
     # tiers -------------------------------------------------------------------------------
     @property
@@ -235,8 +208,8 @@ class TieredStore:
         with self._lock:
             self._ram.put(block)
             self._version += 1
-            nbytes = self._ram.get(block.block_id).nbytes
-            self._entries[block.block_id] = _Entry(self._version, nbytes)
+            self._entries[block.block_id] = _Entry(self._version)
+            self._ledger.stored(block.block_id, self._ram.get(block.block_id).nbytes, count=False)
             self._disk[block.block_id] = _OnDisk(self._version, digest, size)
             self._touch(block.block_id)
             self._shrink_ram()

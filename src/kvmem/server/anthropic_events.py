@@ -29,10 +29,6 @@ def tool_use_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-def sse_event(body: dict[str, Any]) -> str:
-    return f"event: {body['type']}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-
 def usage_body(usage: TurnUsage) -> dict[str, Any]:
     return {
         "input_tokens": usage.prompt_tokens - usage.cached_tokens,

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from kvmem.chat.anthropic_blocks import chat_messages, chat_tool_choice, chat_tools
 from kvmem.errors import InvalidRequestError
-from kvmem.server.schemas import ChatCompletionRequest, parse_chat_request
+from kvmem.server.api_validation import converted_chat_request, validate_body
+from kvmem.server.schemas import ChatCompletionRequest
 
 
 class _Strict(BaseModel):
@@ -62,33 +63,26 @@ class CountTokensRequest(_Strict):
     thinking: Thinking | None = None
 
 
-def _validate(model: type[BaseModel], body: Any) -> Any:
-    if not isinstance(body, dict):
-        raise InvalidRequestError("the request body must be a JSON object")
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"] if _is_field(p)) or None
-        if first["type"] == "extra_forbidden":
-            raise InvalidRequestError(f"{param}: Extra inputs are not permitted", param) from None
-        if first["type"] == "missing":
-            raise InvalidRequestError(f"{param}: Field required", param) from None
-        raise InvalidRequestError(f"{param}: {first['msg']}", param) from None
+def _describe(kind: str, param: str | None, message: str) -> str:
+    if kind == "extra_forbidden":
+        return f"{param}: Extra inputs are not permitted"
+    if kind == "missing":
+        return f"{param}: Field required"
+    return f"{param}: {message}"
 
 
-def _is_field(part: object) -> bool:
-    return isinstance(part, int) or (
-        isinstance(part, str) and part not in ("str", "list[any]") and "[" not in part
-    )
+def _rename(message: str, param: str | None) -> tuple[str, str | None]:
+    """The chat request's `stop` is Anthropic's `stop_sequences`."""
+    param = "stop_sequences" if param == "stop" else param
+    return message.replace("'stop'", "'stop_sequences'"), param
 
 
 def parse_messages_request(body: Any) -> MessagesRequest:
-    return _validate(MessagesRequest, body)
+    return validate_body(MessagesRequest, body, _describe)
 
 
 def parse_count_request(body: Any) -> CountTokensRequest:
-    return _validate(CountTokensRequest, body)
+    return validate_body(CountTokensRequest, body, _describe)
 
 
 def chat_request(r: MessagesRequest | CountTokensRequest) -> ChatCompletionRequest:
@@ -122,9 +116,4 @@ def chat_request(r: MessagesRequest | CountTokensRequest) -> ChatCompletionReque
             "top_k": r.top_k,
         }
         body.update({k: v for k, v in optional.items() if v is not None})
-    try:
-        return parse_chat_request(body)
-    except InvalidRequestError as exc:
-        param = "stop_sequences" if exc.param == "stop" else exc.param
-        message = str(exc).replace("'stop'", "'stop_sequences'")
-        raise InvalidRequestError(message, param) from None
+    return converted_chat_request(body, _rename)

@@ -10,21 +10,19 @@ reports it as `input_tokens_details.cached_tokens`. Errors use the OpenAI envelo
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.requests import ClientDisconnect
+from fastapi.responses import JSONResponse, Response
 
 from kvmem.chat.response_items import assistant_message
 from kvmem.errors import NotFoundError
-from kvmem.server.api_turn import ClientGone, QueuedTurn, start_turn
+from kvmem.server.api_stream import client_left, collect, event_stream, read_json
+from kvmem.server.api_turn import ClientGone, start_turn
 from kvmem.server.auth import require_api_key
 from kvmem.server.error_map import error_payload
-from kvmem.server.json_body import parse_json_body
 from kvmem.server.response_store import ResponseStore
-from kvmem.server.responses_events import ResponseBuilder, sse_event
+from kvmem.server.responses_events import ResponseBuilder
 from kvmem.server.responses_schema import (
     ResponsesRequest,
     chat_request,
@@ -77,68 +75,48 @@ def _keep(
 @responses_router.post("/v1/responses")
 @responses_router.post("/responses")
 async def create_response(request: Request) -> Response:
-    try:
-        raw = await request.body()
-    except ClientDisconnect:
-        return Response(status_code=499)
-    r = parse_responses_request(parse_json_body(raw))
     store = _store(request)
-    previous = None
-    if r.previous_response_id is not None:
-        previous = store.get(r.previous_response_id)
-        if previous is None:
-            raise NotFoundError(
-                f"previous response {r.previous_response_id!r} is not found: this server keeps "
-                f"the last {store.max_responses} responses created with store=true",
-                "previous_response_id",
-            )
-    conversation = request_messages(r, previous.conversation if previous else None)
-    chat = chat_request(r, conversation)
     try:
-        turn = await start_turn(request, chat)
+        r = parse_responses_request(await read_json(request))
+        conversation = request_messages(r, _previous(store, r))
+        turn = await start_turn(request, chat_request(r, conversation))
     except ClientGone:
-        return Response(status_code=499)
+        return client_left()
     builder = ResponseBuilder(turn.model, _echo(r))
     if r.stream:
-        return StreamingResponse(
-            _stream(turn, builder, r, conversation, store),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        return event_stream(
+            turn,
+            builder,
+            lambda exc: _error_event(builder, exc),
+            lambda: _keep(store, r, builder, conversation),
         )
-    try:
-        async for event in turn.events():
-            builder.push(event)
-    except ClientGone:
-        return Response(status_code=499)
+    if not await collect(turn, builder):
+        return client_left()
     _keep(store, r, builder, conversation)
     return JSONResponse(builder.response())
 
 
-async def _stream(
-    turn: QueuedTurn,
-    builder: ResponseBuilder,
-    r: ResponsesRequest,
-    conversation: list[dict[str, Any]],
-    store: ResponseStore,
-) -> AsyncIterator[str]:
-    for body in builder.start():
-        yield sse_event(body)
-    try:
-        async for event in turn.events():
-            for body in builder.push(event):
-                yield sse_event(body)
-    except ClientGone:
-        return
-    except Exception as exc:  # the job failed after the stream began
-        _, payload = error_payload(exc)
-        error = payload["error"]
-        yield sse_event(
-            builder.numbered(
-                "error", code=error["code"], message=error["message"], param=error["param"]
-            )
+def _previous(store: ResponseStore, r: ResponsesRequest) -> list[dict[str, Any]] | None:
+    """The conversation kept for `previous_response_id` (None without one)."""
+    if r.previous_response_id is None:
+        return None
+    previous = store.get(r.previous_response_id)
+    if previous is None:
+        raise NotFoundError(
+            f"previous response {r.previous_response_id!r} is not found: this server keeps "
+            f"the last {store.max_responses} responses created with store=true",
+            "previous_response_id",
         )
-        return
-    _keep(store, r, builder, conversation)
+    return previous.conversation
+
+
+def _error_event(builder: ResponseBuilder, exc: Exception) -> dict[str, Any]:
+    """A stream's `error` event: the OpenAI envelope's code, message and param."""
+    _, payload = error_payload(exc)
+    error = payload["error"]
+    return builder.numbered(
+        "error", code=error["code"], message=error["message"], param=error["param"]
+    )
 
 
 @responses_router.get("/v1/responses/{response_id}")

@@ -19,7 +19,6 @@ the turn.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -31,10 +30,6 @@ from kvmem.chat.turn import ChatFinish, TextDelta, ToolCallEvent, TurnDone, Turn
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(24)}"
-
-
-def sse_event(body: dict[str, Any]) -> str:
-    return f"event: {body['type']}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
 @dataclass(slots=True)

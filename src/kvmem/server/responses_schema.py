@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from kvmem.chat.response_items import chat_tool_choice, chat_tools, input_messages
 from kvmem.chat.thinking import check_effort
 from kvmem.errors import InvalidRequestError
-from kvmem.server.schemas import MAX_TEMPERATURE, ChatCompletionRequest, parse_chat_request
+from kvmem.server.api_validation import converted_chat_request, validate_body
+from kvmem.server.schemas import MAX_TEMPERATURE, ChatCompletionRequest
 
 
 class _Strict(BaseModel):
@@ -71,22 +72,24 @@ _PARAMS = {
 
 
 def parse_responses_request(body: Any) -> ResponsesRequest:
-    if not isinstance(body, dict):
-        raise InvalidRequestError("the request body must be a JSON object")
-    try:
-        return ResponsesRequest.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"] if _is_field(p)) or None
-        if first["type"] == "extra_forbidden":
-            raise InvalidRequestError(f"'{param}' is not supported", param) from None
-        raise InvalidRequestError(f"invalid '{param}': {first['msg']}", param) from None
+    return validate_body(ResponsesRequest, body, _describe)
 
 
-def _is_field(part: object) -> bool:
-    return isinstance(part, int) or (
-        isinstance(part, str) and part not in ("str", "list[any]") and "[" not in part
-    )
+def _describe(kind: str, param: str | None, message: str) -> str:
+    if kind == "extra_forbidden":
+        return f"'{param}' is not supported"
+    return f"invalid '{param}': {message}"
+
+
+def _rename(message: str, param: str | None) -> tuple[str, str | None]:
+    """The chat request's field names as the Responses API's (`_PARAMS`)."""
+    if param is not None:
+        head, dot, rest = param.partition(".")
+        head, bracket, index = head.partition("[")
+        param = _PARAMS.get(head, head) + bracket + index + dot + rest
+    for chat_name, name in _PARAMS.items():
+        message = message.replace(f"'{chat_name}", f"'{name}")
+    return message, param
 
 
 def _response_format(text: TextSpec | None) -> dict[str, Any] | None:
@@ -132,15 +135,4 @@ def chat_request(r: ResponsesRequest, conversation: list[dict[str, Any]]) -> Cha
         "user": r.user,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
-    try:
-        return parse_chat_request(body)
-    except InvalidRequestError as exc:
-        param = exc.param
-        if param is not None:
-            head, dot, rest = param.partition(".")
-            head, bracket, index = head.partition("[")
-            param = _PARAMS.get(head, head) + bracket + index + dot + rest
-        message = str(exc)
-        for chat_name, name in _PARAMS.items():
-            message = message.replace(f"'{chat_name}", f"'{name}")
-        raise InvalidRequestError(message, param) from None
+    return converted_chat_request(body, _rename)
