@@ -41,8 +41,15 @@ if [[ ! -f $HYB ]]; then
   timeout 40 "${BENCH[@]}" synth-model --arch qwen35 "${PRESET[@]}" --n-layer "$LAYERS" \
     --nextn-layers 1 --weights q8_0 --distinct-chunks 64 "$HYB"
 fi
-echo "== 2. MTP decode overhead (draft-mtp vs no drafts) on the synthetic hybrid"
-timeout 40 "${BENCH[@]}" mtp-overhead -m "$HYB" --n-draft 3 --prompt-tokens "$MTP_PROMPT" \
+MTP_HYB=$HYB
+if [[ -n ${HYBRID_MTP_LAYERS:-} && ${HYBRID_MTP_LAYERS} != "$LAYERS" ]]; then
+  MTP_HYB=$STEPS/qwen35-${HYBRID_MTP_LAYERS}l-mtp.gguf  # e.g. the preset's whole depth
+  echo "== writing the synthetic hybrid for step 2 ($HYBRID_MTP_LAYERS trunk layers + 1 nextn)"
+  timeout 90 "${BENCH[@]}" synth-model --arch qwen35 "${PRESET[@]}" --n-layer "$HYBRID_MTP_LAYERS" \
+    --nextn-layers 1 --weights q8_0 --distinct-chunks 64 "$MTP_HYB" || MTP_HYB=$HYB
+fi
+echo "== 2. MTP decode overhead (draft-mtp vs no drafts) on $(basename "$MTP_HYB")"
+timeout "${HYBRID_MTP_TIMEOUT:-40}" "${BENCH[@]}" mtp-overhead -m "$MTP_HYB" --n-draft 3 --prompt-tokens "$MTP_PROMPT" \
   --max-tokens "$TOKENS" -c 8192 --budget 4096 --gen-reserve 1024 -t "$THREADS" \
   -ngl "${NGL/all/-1}" --out "$STEPS/mtp" || echo "step 2 failed"
 echo "== 3. hybrid decode at $CTX (window $BUDGET) against stock at the window size"
