@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvmem.errors import MemoryLayoutError
-from kvmem.memory.exact_scorer import exact_block_scores, layer_block_mass
+from kvmem.memory.exact_scorer import exact_block_scores, layer_block_mass, rerank_scores
 from kvmem.memory.ggml_types import GgmlType
 from kvmem.memory.host_store import BlockKV, HostStore
 from kvmem.memory.retrieval_index import KeyGeometry
@@ -119,3 +119,25 @@ def test_exact_block_scores_reject_unstored_candidates_and_empty_queries() -> No
         exact_block_scores(store, geometry, [0, 5], q)
     with pytest.raises(MemoryLayoutError, match="no captured layers"):
         exact_block_scores(store, geometry, [0], QueryVectors(positions=q.positions))
+
+
+def test_rerank_reorders_the_summary_shortlist_by_exact_mass() -> None:
+    n_kv, hd = 1, 8
+    raw = [np.zeros((20, hd), dtype=np.float32) for _ in range(2)]  # 5 blocks of zero keys
+    raw[0][13] = raw[1][13] = 4.0  # the matching key is in block 3
+    raw[0][5] = raw[1][5] = 2.0  # a weaker one in block 1
+    store = _store(raw)
+    q = {layer: np.full((1, 2, hd), 1.0, dtype=np.float32) for layer in (0, 1)}
+    query = QueryVectors(positions=np.array([20], dtype=np.int64), by_layer=q)
+    candidates = [0, 1, 2, 3, 4]
+    summary = np.array([0.4, 0.1, 0.3, 0.15, 0.05], dtype=np.float32)
+    got = rerank_scores(store, _geometry(n_kv, hd), candidates, summary, query, shortlist=3)
+    # shortlist by summary: 0, 2, 3; within it block 3 holds nearly all the exact mass
+    exact = exact_block_scores(store, _geometry(n_kv, hd), [0, 2, 3], query, among=[0, 2, 3])
+    assert np.allclose(got[[0, 2, 3]], 1.0 + exact, atol=1e-6)
+    assert got[1] == np.float32(0.1) and got[4] == np.float32(0.05)  # kept, below all three
+    order = sorted(candidates, key=lambda b: (-float(got[b]), -b))
+    assert order == [3, 2, 0, 1, 4]  # blocks 0 and 2 tie on exact mass: the newer first
+    assert abs(float(exact.sum()) - 1.0) < 1e-5
+    same = rerank_scores(store, _geometry(n_kv, hd), candidates, summary, query, shortlist=0)
+    assert np.array_equal(same, summary)

@@ -23,7 +23,12 @@ from kvmem.config import KVMemConfig, QueryReplay
 from kvmem.errors import KVTransferError
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.eviction import Residency, plan_room
-from kvmem.memory.exact_scorer import RankMode, exact_block_scores
+from kvmem.memory.exact_scorer import (
+    RERANK_FACTOR,
+    RankMode,
+    exact_block_scores,
+    rerank_scores,
+)
 from kvmem.memory.layout import PositionMode, tail_run_start, window_layout
 from kvmem.memory.planner import (
     PlannerConfig,
@@ -263,6 +268,10 @@ class GpuWindow:
                 values = score_blocks(
                     self.index, ranked, query, mode=c.score_mode, aggregate=c.score_aggregate
                 )
+            if c.rank is RankMode.RERANK:  # the shortlist reordered by its exact mass
+                shortlist = RERANK_FACTOR * (c.budget // bt)
+                store, geometry = self.transfer.store, self.index.geometry
+                values = rerank_scores(store, geometry, ranked, values, query, shortlist)
             scores = {b: float(s) for b, s in zip(ranked, values, strict=True)}
             score_ms = (time.perf_counter() - ts) * 1e3
         elif ranked:

@@ -36,6 +36,10 @@ class RankMode(Enum):
 
     SUMMARY = "summary"  # the block summaries of the retrieval index (scorer.py): the default
     EXACT = "exact"  # the exact attention mass over the stored keys (this module)
+    RERANK = "rerank"  # summaries shortlist, the exact mass within the shortlist reorders it
+
+
+RERANK_FACTOR = 2  # the rerank shortlist: this many times the budget's blocks
 
 
 def stored_layer_keys(
@@ -106,17 +110,20 @@ def exact_block_scores(
     geometry: KeyGeometry,
     candidates: Sequence[int],
     query: QueryVectors,
+    among: Sequence[int] | None = None,
 ) -> np.ndarray:
     """float32 [n_candidates]: each candidate's exact attention mass from the query rows,
-    normalized over every stored block before the query's last row (the candidates'
-    shares of the whole history, averaged over layers). Empty candidates: empty array."""
+    normalized over every stored block before the query's last row (or over the blocks
+    `among`, which hold every candidate), averaged over layers. Empty candidates: empty
+    array."""
     if not candidates:
         return np.zeros(0, dtype=np.float32)
     if not query.by_layer:
         raise MemoryLayoutError("the query has no captured layers to score with")
     q_pos = np.asarray(query.positions, dtype=np.int64)  # [n_rows]
     last = int(q_pos.max())
-    stored = [b for b in store.block_ids() if int(store.get(b).positions[0]) <= last]
+    pool = store.block_ids() if among is None else sorted(set(among) | set(candidates))
+    stored = [b for b in pool if b in store and int(store.get(b).positions[0]) <= last]
     missing = set(candidates) - set(stored)
     if missing:
         raise MemoryLayoutError(f"candidate blocks {sorted(missing)} are not stored")
@@ -128,3 +135,26 @@ def exact_block_scores(
         mass += layer_block_mass(q, q_pos, k, k_pos, owners, len(stored))
     mass /= len(query.by_layer)
     return np.asarray([mass[index[b]] for b in candidates], dtype=np.float32)
+
+
+def rerank_scores(
+    store: BlockStore,
+    geometry: KeyGeometry,
+    candidates: Sequence[int],
+    summary: np.ndarray,
+    query: QueryVectors,
+    shortlist: int,
+) -> np.ndarray:
+    """float32 [n_candidates]: the `shortlist` best candidates by `summary` score
+    (ties: the newer block) reordered by their exact mass within the shortlist, ranked
+    above every other candidate, which keeps its summary score (the summaries sum to 1:
+    the shortlist's scores are 1 + its exact share)."""
+    out = np.asarray(summary, dtype=np.float32).copy()  # [n_candidates]
+    if len(candidates) == 0 or shortlist <= 0:
+        return out
+    order = sorted(range(len(candidates)), key=lambda i: (-float(out[i]), -candidates[i]))
+    best = [candidates[i] for i in order[:shortlist]]
+    exact = exact_block_scores(store, geometry, best, query, among=best)
+    for i, value in zip(order[:shortlist], exact, strict=True):
+        out[i] = 1.0 + float(value)
+    return out
