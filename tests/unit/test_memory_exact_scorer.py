@@ -129,15 +129,21 @@ def test_rerank_reorders_the_summary_shortlist_by_exact_mass() -> None:
     store = _store(raw)
     q = {layer: np.full((1, 2, hd), 1.0, dtype=np.float32) for layer in (0, 1)}
     query = QueryVectors(positions=np.array([20], dtype=np.int64), by_layer=q)
-    candidates = [0, 1, 2, 3, 4]
-    summary = np.array([0.4, 0.1, 0.3, 0.15, 0.05], dtype=np.float32)
-    got = rerank_scores(store, _geometry(n_kv, hd), candidates, summary, query, shortlist=3)
-    # shortlist by summary: 0, 2, 3; within it block 3 holds nearly all the exact mass
-    exact = exact_block_scores(store, _geometry(n_kv, hd), [0, 2, 3], query, among=[0, 2, 3])
+    candidates = [0, 1, 2, 3]  # block 4 is pinned (in the window anyway)
+    summary = np.array([0.4, 0.1, 0.3, 0.15], dtype=np.float32)
+    geometry = _geometry(n_kv, hd)
+    got = rerank_scores(store, geometry, candidates, summary, query, shortlist=3, pinned=(4,))
+    # shortlist by summary: 0, 2, 3; their exact mass is normalized over them and block 4
+    exact = exact_block_scores(store, geometry, [0, 2, 3], query, among=[0, 2, 3, 4])
     assert np.allclose(got[[0, 2, 3]], 1.0 + exact, atol=1e-6)
-    assert got[1] == np.float32(0.1) and got[4] == np.float32(0.05)  # kept, below all three
+    assert got[1] == np.float32(0.1)  # kept, below the shortlist
     order = sorted(candidates, key=lambda b: (-float(got[b]), -b))
-    assert order == [3, 2, 0, 1, 4]  # blocks 0 and 2 tie on exact mass: the newer first
-    assert abs(float(exact.sum()) - 1.0) < 1e-5
-    same = rerank_scores(store, _geometry(n_kv, hd), candidates, summary, query, shortlist=0)
+    assert order == [3, 2, 0, 1]  # blocks 0 and 2 tie on exact mass: the newer first
+    pinned_mass = exact_block_scores(store, geometry, [4], query, among=[0, 2, 3, 4])
+    assert abs(float(exact.sum()) + float(pinned_mass[0]) - 1.0) < 1e-5
+    everything = exact_block_scores(store, geometry, [0, 2, 3], query)  # block 1 takes a share
+    assert float(everything[2]) < float(exact[2])
+    same = rerank_scores(
+        store, _geometry(n_kv, hd), candidates, summary, query, shortlist=0, pinned=(4,)
+    )
     assert np.array_equal(same, summary)

@@ -271,7 +271,8 @@ class GpuWindow:
             if c.rank is RankMode.RERANK:  # the shortlist reordered by its exact mass
                 shortlist = RERANK_FACTOR * (c.budget // bt)
                 store, geometry = self.transfer.store, self.index.geometry
-                values = rerank_scores(store, geometry, ranked, values, query, shortlist)
+                pinned = sorted(set(range(t.n_complete_blocks)) - set(ranked))
+                values = rerank_scores(store, geometry, ranked, values, query, shortlist, pinned)
             scores = {b: float(s) for b, s in zip(ranked, values, strict=True)}
             score_ms = (time.perf_counter() - ts) * 1e3
         elif ranked:

@@ -144,17 +144,19 @@ def rerank_scores(
     summary: np.ndarray,
     query: QueryVectors,
     shortlist: int,
+    pinned: Sequence[int] = (),
 ) -> np.ndarray:
     """float32 [n_candidates]: the `shortlist` best candidates by `summary` score
-    (ties: the newer block) reordered by their exact mass within the shortlist, ranked
-    above every other candidate, which keeps its summary score (the summaries sum to 1:
-    the shortlist's scores are 1 + its exact share)."""
+    (ties: the newer block) reordered by their exact mass, normalized over the shortlist
+    and the `pinned` blocks (the rest of the window, which the query rows also attend
+    to), ranked above every other candidate, which keeps its summary score (the
+    summaries sum to 1: the shortlist's scores are 1 + its exact share)."""
     out = np.asarray(summary, dtype=np.float32).copy()  # [n_candidates]
     if len(candidates) == 0 or shortlist <= 0:
         return out
     order = sorted(range(len(candidates)), key=lambda i: (-float(out[i]), -candidates[i]))
     best = [candidates[i] for i in order[:shortlist]]
-    exact = exact_block_scores(store, geometry, best, query, among=best)
+    exact = exact_block_scores(store, geometry, best, query, among=[*best, *pinned])
     for i, value in zip(order[:shortlist], exact, strict=True):
         out[i] = 1.0 + float(value)
     return out
