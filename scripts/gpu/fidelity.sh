@@ -26,24 +26,27 @@ VARIANTS=(
   "default|retrieval|"
   "recency|recency|"
   "b64-s3584|retrieval|--kvmem-block-tokens 64 --kvmem-stream-tokens 3584"
+  "exact|retrieval|--kvmem-rank exact"
   "exact-b64-s3584|retrieval|--kvmem-rank exact --kvmem-block-tokens 64 --kvmem-stream-tokens 3584"
-  "b64-s3584-r8|retrieval|--kvmem-block-tokens 64 --kvmem-stream-tokens 3584 --kvmem-recent-blocks 8"
+  "rerank-b64-s3584|retrieval|--kvmem-rank rerank --kvmem-block-tokens 64 --kvmem-stream-tokens 3584"
 )
-run_variant() {  # name methods flags
-  local name=$1 methods=$2 flags=$3
+BUDGET_S=${FID_TOTAL_S:-290}  # the whole script's limit: phase 2 gets what phase 1 left
+run_variant() {  # limit_s name methods flags
+  local limit=$1 name=$2 methods=$3 flags=$4
   # shellcheck disable=SC2086
-  timeout "${FID_LIMIT:-200}" "$PY" -m kvmem.bench.main fidelity "${COMMON[@]}" \
+  timeout "$limit" "$PY" -m kvmem.bench.main fidelity "${COMMON[@]}" \
     --methods "$methods" $flags --out "$OUT/$name" >"$OUT/$name.log" 2>&1 \
     || echo "variant $name failed (rc $?), see $OUT/$name.log"
 }
 t0=$(date +%s)
 IFS='|' read -r name methods flags <<<"${VARIANTS[0]}"
-run_variant "$name" "$methods" "$flags"
+run_variant 150 "$name" "$methods" "$flags"
+left=$(( BUDGET_S - ($(date +%s) - t0) ))
 echo "phase 1 ($name, with the reference): $(( $(date +%s) - t0 )) s"
 pids=()
 for v in "${VARIANTS[@]:1}"; do
   IFS='|' read -r name methods flags <<<"$v"
-  run_variant "$name" "$methods" "$flags" &
+  run_variant "$left" "$name" "$methods" "$flags" &
   pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done

@@ -81,27 +81,28 @@ def layer_block_mass(
     group = n_head // n_kv
     scale = np.float32(1.0 / math.sqrt(head_dim))
     kt = np.ascontiguousarray(k.transpose(1, 2, 0))  # [n_kv, head_dim, n_keys]
-    onehot = np.zeros((k.shape[0], n_blocks), dtype=np.float32)  # [n_keys, n_blocks]
-    onehot[np.arange(k.shape[0]), owners] = 1.0
-    total = np.zeros(n_blocks, dtype=np.float64)
+    per_key = np.zeros(k.shape[0], dtype=np.float64)  # mass summed over rows and heads
     for r0 in range(0, n_rows, _ROW_CHUNK):
         qq = q[r0 : r0 + _ROW_CHUNK]  # [m, n_head, head_dim]
         m = qq.shape[0]
         grouped = qq.reshape(m, n_kv, group, head_dim).transpose(1, 0, 2, 3)
         grouped = grouped.reshape(n_kv, m * group, head_dim)  # [n_kv, m*group, head_dim]
-        logits = np.matmul(grouped, kt) * scale  # [n_kv, m*group, n_keys]
+        logits = np.matmul(grouped, kt)  # [n_kv, m*group, n_keys]
+        logits *= scale
         visible = k_pos[None, :] <= q_pos[r0 : r0 + m, None]  # [m, n_keys]
-        seen = visible.any(axis=1)  # [m]
-        mask = np.repeat(visible, group, axis=0)[None]  # [1, m*group, n_keys]
-        logits = np.where(mask, logits, -np.inf)
-        peak = logits.max(axis=-1, keepdims=True)
+        if not visible.all():
+            mask = np.repeat(visible, group, axis=0)[None]  # [1, m*group, n_keys]
+            np.copyto(logits, np.float32(-np.inf), where=~mask)
+        peak = logits.max(axis=-1, keepdims=True)  # [n_kv, m*group, 1]
         peak[~np.isfinite(peak)] = 0.0
-        w = np.exp(logits - peak)  # [n_kv, m*group, n_keys]
-        denom = w.sum(axis=-1, keepdims=True)
-        w /= np.where(denom > 0, denom, 1.0)
-        rows_seen = np.repeat(seen, group)[None, :, None]  # [1, m*group, 1]
-        w = np.where(rows_seen, w, 0.0).astype(np.float32)
-        total += (w.reshape(-1, w.shape[-1]) @ onehot).sum(axis=0, dtype=np.float64)
+        logits -= peak
+        np.exp(logits, out=logits)  # the unnormalized weights
+        denom = logits.sum(axis=-1)  # [n_kv, m*group]
+        seen = np.repeat(visible.any(axis=1), group)[None, :]  # [1, m*group]
+        inv = np.where(seen & (denom > 0), 1.0 / np.where(denom > 0, denom, 1.0), 0.0)
+        # sum over rows of weight / denom: one [1, m*group] x [m*group, n_keys] per KV head
+        per_key += np.matmul(inv.astype(np.float32)[:, None, :], logits).sum(axis=(0, 1))
+    total = np.bincount(owners, weights=per_key, minlength=n_blocks)  # [n_blocks]
     return total / (n_rows * n_head)
 
 
