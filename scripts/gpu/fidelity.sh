@@ -26,7 +26,7 @@ VARIANTS=(
   "default|retrieval|"
   "recency|recency|"
   "b64-s3584|retrieval|--kvmem-block-tokens 64 --kvmem-stream-tokens 3584"
-  "exact|retrieval|--kvmem-rank exact"
+  "rerank|retrieval|--kvmem-rank rerank"
   "exact-b64-s3584|retrieval|--kvmem-rank exact --kvmem-block-tokens 64 --kvmem-stream-tokens 3584"
   "rerank-b64-s3584|retrieval|--kvmem-rank rerank --kvmem-block-tokens 64 --kvmem-stream-tokens 3584"
 )

@@ -1,5 +1,5 @@
-"""`--kvmem-rank exact` (the fidelity oracle) on SmolLM2: the retrieved tier is exactly the
-candidates with the most exact attention mass, and answers stay history-independent."""
+"""`--kvmem-rank exact` (the fidelity oracle) and `rerank` on SmolLM2: the retrieved tier is the
+top of the exact attention mass, and answers stay history-independent."""
 
 from __future__ import annotations
 
@@ -46,6 +46,26 @@ def test_exact_rank_retrieves_the_top_of_the_exact_mass_and_cold_equals_warm(eng
     scores = exact_block_scores(session.store, engine.key_geometry, middle, session.last_query)
     ranked = sorted(middle, key=lambda b: (-float(scores[middle.index(b)]), -b))
     assert sorted(ranked[:4]) == list(retrieved)
+    warm = _answer(engine, prompt)
+    assert engine.last_turn.cached_tokens > 1500
+    assert cold == warm
+
+
+@pytest.fixture(scope="module")
+def rerank_engine(smollm2_path):
+    config = KVMemConfig(budget=1024, gen_reserve=256, rank=RankMode.RERANK)
+    made = make_engine(smollm2_path, n_ctx=8192, kvmem=config)
+    yield made
+    made.close()
+
+
+def test_rerank_restores_blocks_and_cold_equals_warm(rerank_engine):
+    engine = rerank_engine
+    prompt = filler_tokens(engine, 1900, seed=51)
+    engine.reset()
+    cold = _answer(engine, prompt)
+    assert engine.last_turn.stage_in_blocks > 0
+    assert len(engine.session.last_plan.tier(Tier.RETRIEVED)) == 4
     warm = _answer(engine, prompt)
     assert engine.last_turn.cached_tokens > 1500
     assert cold == warm
