@@ -113,7 +113,7 @@ KVMEM_TABLE: tuple[Flag, ...] = (
             "what ranks the retrieval candidates: summary (the block summaries, "
             "--kvmem-score-mode), exact (the exact attention mass of the query rows over "
             "every stored key: the fidelity oracle, CPU-heavy) or rerank (the summaries' best "
-            "2x budget blocks reordered by their exact mass among themselves)"),
+            "2x budget blocks reordered by their exact mass, normalized with the pinned tiers)"),
     Flag(("--kvmem-score-layers",), "kvmem_score_layers", "attention layers used for scoring",
          t.layer_list, (), metavar="L1,L2,...",
          shown_default="layers 1..n-1, 23 spread on deeper models", programs=_BOTH,
