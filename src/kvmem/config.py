@@ -11,6 +11,7 @@ from enum import Enum
 from pathlib import Path
 
 from kvmem.errors import ConfigError
+from kvmem.memory.exact_scorer import RankMode
 from kvmem.memory.ggml_types import GgmlType, parse_kv_type
 from kvmem.memory.layout import PositionMode
 from kvmem.memory.planner import RetrievalMethod
@@ -72,6 +73,8 @@ class KVMemConfig:
     control_tokens: int = -1  # bound of the control tier; -1: budget / 4
     trajectory_tokens: int = -1  # bound of the trajectory tier; -1: budget / 4
     stream_tokens: int = -1  # newest tokens a prefill chunk sees; -1: budget / 2
+    stream_cap: int = 0  # diagnostic cap on the KV tokens a prefill chunk sees; 0: none
+    rank: RankMode = RankMode.SUMMARY  # what ranks the retrieval candidates
     score_layers: tuple[int, ...] = ()  # empty: 8 layers spread over the depth
     score_mode: ScoreMode = ScoreMode.KEY_BOUND
     score_aggregate: ScoreAggregate = ScoreAggregate.MAX
@@ -123,6 +126,8 @@ class KVMemConfig:
             raise ConfigError("--kvmem-score-mlogits", f"must be >= 0, got {self.score_mlogits}")
         if self.score_threads < 0:
             raise ConfigError("--kvmem-score-threads", f"must be >= 0, got {self.score_threads}")
+        if self.stream_cap < 0:
+            raise ConfigError("--kvmem-stream-cap", f"must be >= 0, got {self.stream_cap}")
         if any(layer < 0 for layer in self.score_layers):
             raise ConfigError("--kvmem-score-layers", "layer indices must be >= 0")
         self._validate_disk_tier()

@@ -12,6 +12,7 @@ from kvmem.cli.server_config import load_server_settings
 from kvmem.config import KVMemConfig
 from kvmem.engine import EngineSettings, GpuPlacement, SamplingParams
 from kvmem.errors import ConfigError
+from kvmem.memory.exact_scorer import RankMode
 from kvmem.memory.ggml_types import GgmlType
 from kvmem.memory.layout import PositionMode
 from kvmem.memory.scorer import ScoreMode
@@ -258,6 +259,8 @@ def test_gpu_layers_and_flash_attn_values() -> None:
         (["--kvmem-query-replay", "maybe"], "--kvmem-query-replay"),
         (["--kvmem-score-mode", "max"], "--kvmem-score-mode"),
         (["--kvmem-positions", "compact"], "--kvmem-positions"),
+        (["--kvmem-rank", "oracle"], "--kvmem-rank"),
+        (["--kvmem-stream-cap", "-1"], "--kvmem-stream-cap"),
         (["--kvmem-query-policy", "x"], "--kvmem-query-policy"),
         (["--kvmem-query-max-tokens", "0"], "--kvmem-query-max-tokens"),
         (["--kvmem-score-layers", "a,b"], "--kvmem-score-layers"),
@@ -322,3 +325,6 @@ def test_retrieval_flags_reach_the_kvmem_config() -> None:
     s = load("--kvmem-positions", "original", "--kvmem-score-mode", "mean")
     assert s.engine.kvmem.positions is PositionMode.ORIGINAL
     assert s.engine.kvmem.score_mode is ScoreMode.MEAN_KEY
+    assert load().engine.kvmem.rank is RankMode.SUMMARY and load().engine.kvmem.stream_cap == 0
+    s = load("--kvmem-rank", "rerank", "--kvmem-stream-cap", "640")
+    assert s.engine.kvmem.rank is RankMode.RERANK and s.engine.kvmem.stream_cap == 640

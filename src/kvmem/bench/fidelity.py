@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from kvmem.bench.conversation import make_renderer
 from kvmem.bench.coverage import window_coverage
 from kvmem.bench.engines import (
     BenchEngine,
+    BenchSettings,
     EngineFactory,
     LlamaEngineFactory,
     Method,
@@ -28,6 +30,7 @@ from kvmem.bench.engines import (
     settings_from_args,
     turn_profile,
 )
+from kvmem.bench.reference_cache import load_reference, reference_key, save_reference
 from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.bench.transcript import build_transcript, history_through
 from kvmem.cli.kvmem_flags import strict_int
@@ -125,15 +128,21 @@ def run_fidelity(
     target_tokens: int,
     tool_size: int,
     budget: int,
+    cache_dir: str | None = None,
+    cache_settings: dict[str, object] | None = None,
 ) -> tuple[list[ForcedTurn], list[TurnFidelity]]:
     reference = factory.open(Method.FULL)
     try:
         steps = forced_turns(reference, seed, target_tokens, tool_size)
-        ref_logits = []
-        for step in steps:
-            logits = reference.teacher_force(step.prompt, step.continuation, query=step.query)
-            ref_logits.append(np.asarray(logits, dtype=np.float32))  # [n_cont, n_vocab]
-            logger.info("reference turn %d: %d prompt tokens", step.index, len(step.prompt))
+        key = reference_key(cache_settings or {}, [(s.prompt, s.continuation) for s in steps])
+        ref_logits = load_reference(cache_dir, key, len(steps))
+        if ref_logits is None:
+            ref_logits = []
+            for step in steps:
+                logits = reference.teacher_force(step.prompt, step.continuation, query=step.query)
+                ref_logits.append(np.asarray(logits, dtype=np.float32))  # [n_cont, n_vocab]
+                logger.info("reference turn %d: %d prompt tokens", step.index, len(step.prompt))
+            save_reference(cache_dir, key, ref_logits)
     finally:
         reference.close()
     results: list[TurnFidelity] = []
@@ -253,6 +262,23 @@ def tables(results: Sequence[TurnFidelity], summaries: Sequence[FidelitySummary]
     return per_turn + "\n\n" + overall
 
 
+def reference_settings(settings: BenchSettings) -> dict[str, object]:
+    """What the full-context reference logits depend on (the reference cache's key)."""
+    model = settings.model_path
+    stat = os.stat(model) if model and os.path.exists(model) else None
+    return {
+        "model": model,
+        "model_size": None if stat is None else stat.st_size,
+        "model_mtime": None if stat is None else stat.st_mtime_ns,
+        "n_ctx": settings.n_ctx,
+        "n_batch": settings.n_batch,
+        "n_ubatch": settings.n_ubatch,
+        "cache_types": (settings.cache_types.k.label, settings.cache_types.v.label),
+        "flash_attn": settings.flash_attn,
+        "n_gpu_layers": settings.n_gpu_layers,
+    }
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "fidelity", help="teacher-forced KL / top-1 / coverage vs full context"
@@ -266,6 +292,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="longest prompt + answer (default: -c minus 256)",
     )
     p.add_argument("--tool-size", type=strict_int, default=12, help="lines/records per tool result")
+    p.add_argument(
+        "--reference-cache",
+        default=None,
+        metavar="DIR",
+        help="keep the full-context reference logits here and reuse them across runs",
+    )
     p.set_defaults(handler=run)
 
 
@@ -277,7 +309,14 @@ def run(ns: argparse.Namespace) -> int:
         raise ConfigError("--target-tokens", f"must be below -c {settings.n_ctx}")
     t0 = time.perf_counter()
     steps, results = run_fidelity(
-        LlamaEngineFactory(settings), methods, ns.seed, target, ns.tool_size, settings.kvmem.budget
+        LlamaEngineFactory(settings),
+        methods,
+        ns.seed,
+        target,
+        ns.tool_size,
+        settings.kvmem.budget,
+        cache_dir=ns.reference_cache,
+        cache_settings=reference_settings(settings),
     )
     summaries = summarize(results)
     print(tables(results, summaries))

@@ -112,6 +112,14 @@ KVMEM_TABLE: tuple[Flag, ...] = (
     _int("stream-tokens",
          "bound of the newest tokens a prefill chunk sees besides sink and control",
          -1, "-1 = budget/2"),
+    _int("stream-cap",
+         "diagnostic: cap on the KV tokens a prefill chunk sees, whatever the capacity "
+         "(the fidelity decomposition)", _D.stream_cap, "0 = no cap"),
+    _choice("rank", _D.rank,
+            "what ranks the retrieval candidates: summary (the block summaries, "
+            "--kvmem-score-mode), exact (the exact attention mass of the query rows over "
+            "every stored key: the fidelity oracle, CPU-heavy) or rerank (the summaries' best "
+            "2x budget blocks reordered by their exact mass, normalized with the pinned tiers)"),
     Flag(("--kvmem-score-layers",), "kvmem_score_layers", "attention layers used for scoring",
          t.layer_list, (), metavar="L1,L2,...",
          shown_default="layers 1..n-1, 23 spread on deeper models", programs=_BOTH,

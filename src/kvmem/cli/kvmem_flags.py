@@ -15,6 +15,7 @@ from kvmem.cli.flag_parser import add_flags
 from kvmem.cli.flag_table_kvmem import KV_CACHE_TABLE, KVMEM_TABLE
 from kvmem.config import KVCacheTypes, KVMemConfig, QueryPolicy, QueryReplay
 from kvmem.errors import ConfigError
+from kvmem.memory.exact_scorer import RankMode
 from kvmem.memory.layout import PositionMode
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.scorer import ScoreAggregate, ScoreMode
@@ -67,6 +68,8 @@ def kvmem_config_from_args(ns: argparse.Namespace, trace_env: bool = False) -> K
         control_tokens=ns.kvmem_control_tokens,
         trajectory_tokens=ns.kvmem_trajectory_tokens,
         stream_tokens=ns.kvmem_stream_tokens,
+        stream_cap=ns.kvmem_stream_cap,
+        rank=RankMode(ns.kvmem_rank),
         score_layers=ns.kvmem_score_layers,
         score_mode=ScoreMode(ns.kvmem_score_mode),
         score_aggregate=ScoreAggregate(ns.kvmem_score_aggregate),

@@ -23,6 +23,12 @@ from kvmem.config import KVMemConfig, QueryReplay
 from kvmem.errors import KVTransferError
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.eviction import Residency, plan_room
+from kvmem.memory.exact_scorer import (
+    RERANK_FACTOR,
+    RankMode,
+    exact_block_scores,
+    rerank_scores,
+)
 from kvmem.memory.layout import PositionMode, tail_run_start, window_layout
 from kvmem.memory.planner import (
     PlannerConfig,
@@ -192,6 +198,8 @@ class GpuWindow:
         stream window of the chunk's block-aligned start, plus the tokens of the chunk's
         own blocks before `position`, all at their own positions."""
         bt = self.table.block_tokens
+        if self.config.stream_cap:  # the fidelity decomposition's truncated stream
+            room = min(room, self.config.stream_cap)
         chunk_start = position - position % bt
         keep = set(stream_window(self.planner_config(), chunk_start, spans, room))
         keep.update(range(chunk_start // bt, self.table.n_complete_blocks))
@@ -253,15 +261,24 @@ class GpuWindow:
         ranked = ranked_candidates(self.planner_config(method), request)
         if ranked and query is not None and self.index is not None:
             ts = time.perf_counter()
-            values = score_blocks(
-                self.index,
-                ranked,
-                query,
-                workers=c.score_workers,
-                mode=c.score_mode,
-                aggregate=c.score_aggregate,
-                max_logits=c.score_mlogits * 1_000_000,
-            )
+            if c.rank is RankMode.EXACT:  # the oracle: exact mass over the stored keys
+                geometry = self.index.geometry
+                values = exact_block_scores(self.transfer.store, geometry, ranked, query)
+            else:
+                values = score_blocks(
+                    self.index,
+                    ranked,
+                    query,
+                    workers=c.score_workers,
+                    mode=c.score_mode,
+                    aggregate=c.score_aggregate,
+                    max_logits=c.score_mlogits * 1_000_000,
+                )
+            if c.rank is RankMode.RERANK:  # the shortlist reordered by its exact mass
+                shortlist = RERANK_FACTOR * (c.budget // bt)
+                store, geometry = self.transfer.store, self.index.geometry
+                pinned = sorted(set(range(t.n_complete_blocks)) - set(ranked))
+                values = rerank_scores(store, geometry, ranked, values, query, shortlist, pinned)
             scores = {b: float(s) for b, s in zip(ranked, values, strict=True)}
             score_ms = (time.perf_counter() - ts) * 1e3
         elif ranked:
