@@ -34,24 +34,24 @@ mkdir -p "$STEPS"/lookup "$STEPS"/mtp "$STEPS"/sweep
 BENCH=("$PY" -m kvmem.bench.main)
 echo "== 1. prompt lookup on $(basename "$QWEN")"
 timeout 40 "${BENCH[@]}" lookup-drafts -m "$QWEN" --n-draft 3 --functions "$FUNCS" \
-  --max-tokens "$TOKENS" -ngl "${NGL/all/-1}" --out "$STEPS/lookup" || echo "step 1 failed"
+  --max-tokens "$TOKENS" -ngl "$NGL" --out "$STEPS/lookup" || echo "step 1 failed"
 HYB=${HYBRID_GGUF:-$STEPS/qwen35-${LAYERS}l-mtp.gguf}
 if [[ ! -f $HYB ]]; then
   echo "== writing the synthetic hybrid ($LAYERS trunk layers + 1 nextn layer)"
   timeout 40 "${BENCH[@]}" synth-model --arch qwen35 "${PRESET[@]}" --n-layer "$LAYERS" \
-    --nextn-layers 1 --weights q8_0 --distinct-chunks 64 "$HYB"
+    --nextn-layers 1 --weights q8_0 --distinct-chunks 64 ${HYBRID_TOKENIZER:+--tokenizer-from "$HYBRID_TOKENIZER"} "$HYB"
 fi
 MTP_HYB=$HYB
 if [[ -n ${HYBRID_MTP_LAYERS:-} && ${HYBRID_MTP_LAYERS} != "$LAYERS" ]]; then
   MTP_HYB=$STEPS/qwen35-${HYBRID_MTP_LAYERS}l-mtp.gguf  # e.g. the preset's whole depth
   echo "== writing the synthetic hybrid for step 2 ($HYBRID_MTP_LAYERS trunk layers + 1 nextn)"
   timeout 90 "${BENCH[@]}" synth-model --arch qwen35 "${PRESET[@]}" --n-layer "$HYBRID_MTP_LAYERS" \
-    --nextn-layers 1 --weights q8_0 --distinct-chunks 64 "$MTP_HYB" || MTP_HYB=$HYB
+    --nextn-layers 1 --weights q8_0 --distinct-chunks 64 ${HYBRID_TOKENIZER:+--tokenizer-from "$HYBRID_TOKENIZER"} "$MTP_HYB" || MTP_HYB=$HYB
 fi
 echo "== 2. MTP decode overhead (draft-mtp vs no drafts) on $(basename "$MTP_HYB")"
 timeout "${HYBRID_MTP_TIMEOUT:-40}" "${BENCH[@]}" mtp-overhead -m "$MTP_HYB" --n-draft 3 --prompt-tokens "$MTP_PROMPT" \
   --max-tokens "$TOKENS" -c 8192 --budget 4096 --gen-reserve 1024 -t "$THREADS" \
-  -ngl "${NGL/all/-1}" --out "$STEPS/mtp" || echo "step 2 failed"
+  -ngl "$NGL" --out "$STEPS/mtp" || echo "step 2 failed"
 echo "== 3. hybrid decode at $CTX (window $BUDGET) against stock at the window size"
 timeout "${HYBRID_SWEEP_TIMEOUT:-60}" "${BENCH[@]}" decode-sweep -m "$HYB" --contexts "$CTX" --configs kvmem \
   --budget "$BUDGET" --gen-reserve 1024 --gen-tokens 64 -ngl "$NGL" --out "$STEPS/sweep" || echo "step 3 failed"

@@ -79,7 +79,7 @@ class KVMemConfig:
     score_mode: ScoreMode = ScoreMode.KEY_BOUND
     score_aggregate: ScoreAggregate = ScoreAggregate.MAX
     score_mlogits: int = 128  # bound on one reselection's logits, in millions; 0: none
-    score_threads: int = 0  # threads scoring a reselection; 0: min(8, CPU count)
+    score_threads: int = 1  # threads scoring a reselection (more lose to a threaded BLAS)
     positions: PositionMode = PositionMode.GATHER
     trace: bool = False
     # disk tier and restart-safe sessions (memory/tiered_store.py, engine/session_persist.py)
@@ -176,7 +176,11 @@ class KVMemConfig:
 
     @property
     def score_workers(self) -> int:
-        """Threads that score one reselection (`--kvmem-score-threads`, 0: up to 8)."""
+        """Threads that score one reselection (`--kvmem-score-threads`; 0: min(8, CPUs)).
+
+        One by default: numpy's matmul already runs on OpenBLAS's threads, and on the H200
+        host (16 cores) 2, 4 and 8 scoring threads were 9-28% slower than one
+        (`kvmem-bench score-cost`, docs/benchmarks.md)."""
         return self.score_threads or max(1, min(8, os.cpu_count() or 1))
 
     @property

@@ -93,8 +93,8 @@ KVMEM_TABLE: tuple[Flag, ...] = (
          "bound on the logits (query rows x blocks x heads x layers, in millions) one "
          "reselection computes; past it an even sample of the query tokens is scored",
          _D.score_mlogits, "128; 0 = no bound"),
-    _int("score-threads", "threads that score a reselection", _D.score_threads,
-         "0 = min(8, CPUs)"),
+    _int("score-threads", "threads that score a reselection (0 = min(8, CPUs))",
+         _D.score_threads),
     _choice("positions", _D.positions,
             "where retrieved blocks sit in the window: gather (right before the recent "
             "blocks, in order) or original (their own positions, with gaps)"),
