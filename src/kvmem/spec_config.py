@@ -48,6 +48,7 @@ class SpecConfig:
     type: SpecType = SpecType.NONE
     n_max: int = 3  # draft tokens per step at most
     kv_type: GgmlType = GgmlType.F16  # the draft's KV cache type (draft-mtp)
+    gate: bool = True  # draft only while drafting is faster than plain steps (draft_gate.py)
 
     @property
     def enabled(self) -> bool:

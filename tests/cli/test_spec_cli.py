@@ -75,7 +75,7 @@ def test_drafts_keep_the_greedy_answer(tmp_path):
     prompt.write_text(CODE)
     common = ("-f", str(prompt), "--raw", "-n", "40", "--ignore-eos", "--temp", "0", "-t", "1")
     plain = _cli(*common)
-    drafted = _cli(*common, "--spec-type", "ngram-simple", "--kvmem-trace")
+    drafted = _cli(*common, "--spec-type", "ngram-simple", "--no-spec-gate", "--kvmem-trace")
     assert plain.returncode == 0 and drafted.returncode == 0, drafted.stderr
     assert drafted.stdout == plain.stdout
     assert drafted.stdout.startswith("def perimeter(width, height):\n")
@@ -94,7 +94,10 @@ def test_mtp_drafts_keep_the_greedy_answer(tmp_path):
     common = ("-m", str(model), "-f", str(prompt), "--raw", "-n", "40", "--ignore-eos")
     common += ("--temp", "0", "-t", "1", "-c", "1024")
     plain = _cli(*common)
-    drafted = _cli(*common, "--spec-type", "draft-mtp", "--spec-kv-dtype", "q8_0", "--kvmem-trace")
+    drafted = _cli(
+        *common, "--spec-type", "draft-mtp", "--spec-kv-dtype", "q8_0", "--no-spec-gate",
+        "--kvmem-trace",
+    )  # fmt: skip
     assert plain.returncode == 0 and drafted.returncode == 0, drafted.stderr[-2000:]
     assert drafted.stdout == plain.stdout and drafted.stdout
     m = re.search(r"KVMEM_GEN tokens=40 .* draft_n=(\d+) draft_accepted=(\d+)", drafted.stderr)

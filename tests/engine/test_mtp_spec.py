@@ -42,8 +42,9 @@ OVER = KVMemConfig(
     budget=128, gen_reserve=64, block_tokens=BT, sink_blocks=1, recent_blocks=1, trace=True
 )
 NO_DRAFTS = SpecConfig()
-MTP = SpecConfig(type=SpecType.MTP, n_max=3)
-MTP_Q8 = SpecConfig(type=SpecType.MTP, n_max=3, kv_type=GgmlType.Q8_0)
+# the gate off: every step drafts, so the draft statistics below are deterministic
+MTP = SpecConfig(type=SpecType.MTP, n_max=3, gate=False)
+MTP_Q8 = SpecConfig(type=SpecType.MTP, n_max=3, kv_type=GgmlType.Q8_0, gate=False)
 
 
 def tokens(n: int, seed: int = 0) -> list[int]:
@@ -166,3 +167,16 @@ def test_a_model_without_an_mtp_head_is_refused_before_loading(
         settings.validate()
     with pytest.raises(ConfigError, match="has none"):
         Engine(settings)
+
+
+def test_the_draft_gate_keeps_the_greedy_output(mtp_paths: dict[str, Path], plain_outputs: dict):
+    """With the gate on (the default), whichever steps it lets draft, the output over
+    budget is the output of decoding without drafts, turn for turn."""
+    e = engine(mtp_paths["echo"], OVER, SpecConfig(type=SpecType.MTP, n_max=3))
+    try:
+        outs, _ = conversation(e)
+        assert outs == plain_outputs["echo", "over"][0]
+        gate = e.session.spec.gate
+        assert gate is not None and gate.steps > 0 and gate.cost[1] is not None
+    finally:
+        e.close()

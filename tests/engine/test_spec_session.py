@@ -24,7 +24,7 @@ CODE = (
     "    return f'{width}x{height}: area {area(width, height)}'\n"
 )
 ASK = "\nRewrite the file above with the same code, unchanged:\n"
-NGRAM = SpecConfig(type=SpecType.NGRAM, n_max=3)
+NGRAM = SpecConfig(type=SpecType.NGRAM, n_max=3, gate=False)  # every step drafts
 
 
 def _settings(path: str, kvmem: KVMemConfig):

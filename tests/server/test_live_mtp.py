@@ -45,7 +45,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
 @pytest.fixture(scope="module")
 def servers(models: dict[int, Path], server_logs: Path) -> Iterator[dict[str, LiveServer]]:
     m = str(models[1])
-    mtp = start_server(["-m", m, *ARGS, "--spec-type", "draft-mtp"], server_logs)
+    mtp = start_server(["-m", m, *ARGS, "--spec-type", "draft-mtp", "--no-spec-gate"], server_logs)
     plain = start_server(["-m", m, *ARGS], server_logs)
     yield {"mtp": mtp, "plain": plain}
     for server in (mtp, plain):

@@ -19,6 +19,10 @@ SPEC_TABLE: tuple[Flag, ...] = (
     Flag(("--spec-draft-n-max",), "spec_draft_n_max", "draft tokens per step at most", str,
          None, metavar="N", shown_default=str(_D.n_max), programs=Program.BOTH,
          group=Group.SPEC),
+    Flag(("--spec-gate",), "spec_gate",
+         "draft only while steps with drafts are faster than plain steps (measured as it "
+         "decodes); --no-spec-gate drafts every step", None, _D.gate,
+         negative=("--no-spec-gate",), programs=Program.BOTH, group=Group.SPEC),
     Flag(("--spec-kv-dtype",), "spec_kv_dtype", "draft KV cache type for draft-mtp: f16 or q8_0",
          str, None, metavar="TYPE", shown_default="f16", programs=Program.BOTH,
          group=Group.SPEC),

@@ -34,6 +34,7 @@ def spec_config_from_args(ns: argparse.Namespace) -> SpecConfig:
         if spec_type is not SpecType.MTP:
             raise ConfigError("--spec-kv-dtype", "applies to --spec-type draft-mtp only")
         kv_type = SPEC_KV_TYPES[name]
-    config = SpecConfig(type=spec_type, n_max=n_max, kv_type=kv_type)
+    gate = _DEFAULTS.gate if ns.spec_gate is None else bool(ns.spec_gate)
+    config = SpecConfig(type=spec_type, n_max=n_max, kv_type=kv_type, gate=gate)
     config.validate()
     return config

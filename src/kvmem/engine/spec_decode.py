@@ -18,6 +18,7 @@ next token, sampled but not decoded).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ import numpy as np
 from kvmem.memory.ngram_draft import NgramDraftParams, draft_ngram
 from kvmem.spec_config import SpecConfig, SpecType
 
+from .draft_gate import DraftGate
 from .sampler import Sampler
 from .speculative import verify_draft
 from .trace import TurnStats
@@ -56,6 +58,8 @@ class SpecDecoder:
                 raise ValueError(f"no built-in drafter for {config.type.value}")
             drafter = NgramDrafter(config.n_max)
         self.drafter = drafter
+        # drafts only while they are faster than plain steps (None: every step drafts)
+        self.gate = DraftGate() if config.gate else None
 
     def step(
         self,
@@ -83,12 +87,15 @@ class SpecDecoder:
             window.ensure_room(1, stats, gen_start)
             n = max(0, min(n, window.capacity - window.cells_used() - 1))
         draft: Sequence[int] = []
-        if n > 0:
+        t0 = time.perf_counter()
+        if n > 0 and (self.gate is None or self.gate.wants_draft()):
             history = np.append(table.token_array(), token)  # [n_tokens + 1]
             draft = self.drafter(history, n)[:n]
         window.note_decode()
         result = verify_draft(session.ctx, sampler, pos, token, draft, is_eog, rows_out=logits_out)
         window.append([token, *draft[: result.n_accepted]], stats)
+        if n > 0 and self.gate is not None:
+            self.gate.record(bool(draft), time.perf_counter() - t0, len(result.tokens))
         stats.draft_n += result.n_drafted
         stats.draft_n_accepted += result.n_accepted
         return result.tokens
