@@ -295,7 +295,9 @@ def test_drafts_on_a_hybrid_over_budget(over, tiny_hybrid_path) -> None:  # noqa
             k = len(history) - len(prompt)  # tokens emitted so far: want[k] comes next
             return [t if (k + i) % 5 else (t + 1) % 900 for i, t in enumerate(want[k : k + n])]
 
-        drafted.session.spec = SpecDecoder(SpecConfig(type=SpecType.NGRAM, gate=False), drafter=oracle)
+        drafted.session.spec = SpecDecoder(
+            SpecConfig(type=SpecType.NGRAM, gate=False), drafter=oracle
+        )
         got = list(drafted.generate(prompt, sampling=GREEDY, max_tokens=120, ignore_eos=True))
         st = drafted.last_turn
         assert got == want

@@ -85,6 +85,8 @@ def test_threaded_copies_are_bit_identical(smollm2_path):
     on several threads, give the logits of a never-evicted context, for f16 and q8_0."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from kvmem.engine.block_buffers import BlockBuffers
+
     for cache in ("f16", "q8_0"):
         engine = make_engine(
             smollm2_path, cache=cache, kvmem=KVMemConfig(budget=2048, gen_reserve=256)
@@ -98,15 +100,14 @@ def test_threaded_copies_are_bit_identical(smollm2_path):
             engine.session.ctx.decode([token], len(prompt), [True])
             reference = engine.session.ctx.logits(-1)
             transfer.copier = ThreadPoolExecutor(3)
+            transfer.buffers = BlockBuffers(ahead_bytes=64 << 20)
             staging = transfer.staging
             threaded, writes = _logits_after(engine, prompt, token, staging)
             assert writes == 1
             assert np.array_equal(threaded, reference)
-            assert (
-                transfer.buffers is not None
-                and transfer.buffers.hits + transfer.buffers.misses >= 5
-            )
+            assert transfer.buffers.hits + transfer.buffers.misses >= 5
         finally:
+            transfer.buffers.close()
             engine.close()
 
 

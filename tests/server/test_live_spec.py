@@ -35,7 +35,9 @@ def _one_thread(args) -> list[str]:
 
 @pytest.fixture(scope="module")
 def spec_server(server_logs: Path) -> Iterator[LiveServer]:
-    server = start_server([*_one_thread(MAIN_ARGS), "--spec-type", "ngram-simple", "--no-spec-gate"], server_logs)
+    server = start_server(
+        [*_one_thread(MAIN_ARGS), "--spec-type", "ngram-simple", "--no-spec-gate"], server_logs
+    )
     yield server
     assert server.stop() == 0, server.log()[-3000:]
 

@@ -10,7 +10,9 @@ block leaves the host store it is freed like any other.
 
 The worker keeps at most `ahead_bytes` ready (the memory it holds beyond the store). The
 content of a block never depends on the pool: a buffer is overwritten whole by its block.
-`take` hands out a fresh (untouched) buffer when none is ready.
+`take` hands out a fresh (untouched) buffer when none is ready. Every session of the
+process (lanes, warm conversations) takes from one pool (`shared_buffers`), so the memory
+held ahead does not grow with their number.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-AHEAD_BYTES = 512 << 20  # touched-ahead memory kept ready
+AHEAD_BYTES = 256 << 20  # touched-ahead memory kept ready (one pool per process)
 
 
 class BlockBuffers:
@@ -88,3 +90,16 @@ class BlockBuffers:
         if self._worker is not None:
             self._worker.join(timeout=5)
             self._worker = None
+
+
+_SHARED: BlockBuffers | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_buffers() -> BlockBuffers:
+    """The process's pool (created on first use; its worker is a daemon thread)."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            _SHARED = BlockBuffers()
+        return _SHARED

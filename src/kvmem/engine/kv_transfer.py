@@ -24,7 +24,7 @@ from kvmem.memory.layout import BlockMove, move_order
 from kvmem.memory.retrieval_index import BlockKeys, RetrievalIndex
 
 from .batch_rows import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ
-from .block_buffers import BlockBuffers
+from .block_buffers import BlockBuffers, shared_buffers
 from .context import LlamaContext
 from .host_staging import StagingBuffer
 from .hybrid_transfer import hybrid_blobs
@@ -117,7 +117,8 @@ class KVTransfer:
         self.hybrid = hybrid_blobs(ctx)  # hybrid memory: attention blocks only (hybrid_transfer)
         # the staged path copies on copy_threads() threads into buffers touched ahead
         staged, threads = self.staging is not None, copy_threads()
-        self.buffers = BlockBuffers() if staged else None
+        # pages touched ahead only where the copy-out runs beside the GPU (copy threads)
+        self.buffers: BlockBuffers | None = shared_buffers() if staged and threads > 1 else None
         self.copier = ThreadPoolExecutor(threads, "kvmem-copy") if staged and threads > 1 else None
         self._pending: list[Future[tuple[list[BlockKV], float]]] = []  # copy-outs running
         self._pending_ids: set[int] = set()
@@ -253,8 +254,6 @@ class KVTransfer:
         self.flush()
         if self.staging is not None:
             self.staging.close()
-        if self.buffers is not None:
-            self.buffers.close()
         if self.copier is not None:
             self.copier.shutdown(wait=True)
 
