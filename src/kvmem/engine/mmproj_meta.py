@@ -102,14 +102,20 @@ def _skip(f: BinaryIO, kind: int) -> None:
 
 def _header(path: str, flag: str) -> tuple[str | None, int | None]:
     """(general.architecture, <arch>.embedding_length) from the header of `path`."""
+    return arch_scalar(path, flag, "embedding_length")
+
+
+def arch_scalar(path: str, flag: str, name: str) -> tuple[str | None, int | None]:
+    """(general.architecture, the integer `<arch>.<name>` or None) from the header of the
+    GGUF at `path`, scanned only up to that key; ConfigError naming `flag` if unreadable."""
     try:
         with open(path, "rb") as f:
-            return _scan(f)
+            return _scan(f, name)
     except (OSError, ValueError, struct.error) as exc:
         raise ConfigError(flag, f"{path} is not a readable GGUF file: {exc}") from None
 
 
-def _scan(f: BinaryIO) -> tuple[str | None, int | None]:
+def _scan(f: BinaryIO, name: str) -> tuple[str | None, int | None]:
     if f.read(4) != b"GGUF" or _read(f, "I") < 2:
         raise ValueError("not a GGUF v2+ file")
     _read(f, "Q")  # tensors
@@ -118,7 +124,7 @@ def _scan(f: BinaryIO) -> tuple[str | None, int | None]:
         key, kind = _string(f), _read(f, "I")
         if key == "general.architecture" and kind == 8:
             arch = _string(f)
-        elif arch is not None and key == f"{arch}.embedding_length" and kind in _SCALARS:
+        elif arch is not None and key == f"{arch}.{name}" and kind in _SCALARS:
             return arch, int(_read(f, _SCALARS[kind]))
         else:
             _skip(f, kind)
