@@ -18,11 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvmem.memory.ggml_types import dequantize_rows
+from kvmem.memory.exact_scorer import stored_layer_keys
 from kvmem.memory.host_store import HostStore
 from kvmem.memory.planner import WindowPlan
 from kvmem.memory.retrieval_index import KeyGeometry
-from kvmem.memory.rope import undo_hadamard
 from kvmem.memory.scorer import QueryVectors
 
 _TOKEN_CHUNK = 64
@@ -49,18 +48,9 @@ def stored_keys(
     store: HostStore, geometry: KeyGeometry, layer: int, block_ids: list[int]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Keys of `layer` for the blocks: float32 [n_keys, n_head_kv, head_dim], positions
-    int64 [n_keys] and block ids int64 [n_keys]."""
-    keys, positions, owners = [], [], []
-    for block_id in block_ids:
-        block = store.get(block_id)
-        rows = dequantize_rows(np.asarray(block.k[layer]), geometry.k_type, geometry.n_embd_k)
-        keys.append(rows.reshape(block.n_tokens, geometry.n_head_kv, geometry.head_dim))
-        positions.append(np.asarray(block.positions, dtype=np.int64))
-        owners.append(np.full(block.n_tokens, block_id, dtype=np.int64))
-    k = np.concatenate(keys).astype(np.float32)  # [n_keys, n_head_kv, head_dim]
-    if geometry.k_rotation:
-        k = undo_hadamard(k, geometry.k_rotation)
-    return k, np.concatenate(positions), np.concatenate(owners)
+    int64 [n_keys] and block ids int64 [n_keys] (memory.exact_scorer.stored_layer_keys)."""
+    k, positions, owners = stored_layer_keys(store, geometry, layer, block_ids)
+    return k, positions, np.asarray(block_ids, dtype=np.int64)[owners]  # [n_keys]
 
 
 def layer_coverage(
