@@ -15,9 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from kvmem.bench.report import format_table, machine_description, write_json
+from kvmem.bench.report import add_run_arguments, format_table, machine_description, write_json
 from kvmem.chat.template import ChatTemplate
-from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.engine.context import ContextSettings, LlamaContext
 from kvmem.engine.model import LlamaModel, resolve_model_path
@@ -144,12 +143,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--n-max", type=strict_int, default=8, help="longest tail match ranked")
     p.add_argument("--functions", type=strict_int, default=24, help="size of the shown file")
     p.add_argument("-c", "--ctx-size", type=strict_int, default=8192)
-    p.add_argument("-b", "--batch-size", type=strict_int, default=512)
-    p.add_argument("-t", "--threads", type=strict_int, default=None)
-    p.add_argument(
-        "-ngl", "--gpu-layers", type=gpu_layers, default=-1, help="N, all or auto (default: all)"
-    )
-    p.add_argument("--out", default=None, metavar="DIR")
+    add_run_arguments(p)
     p.set_defaults(handler=run)
 
 

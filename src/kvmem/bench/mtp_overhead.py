@@ -14,8 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from kvmem.bench.report import format_table, machine_description, write_json
-from kvmem.cli.arg_types import gpu_layers
+from kvmem.bench.report import add_run_arguments, format_table, machine_description, write_json
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.config import KVMemConfig
 from kvmem.engine import Engine, EngineSettings
@@ -40,12 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-c", "--ctx-size", type=strict_int, default=8192)
     p.add_argument("--budget", type=strict_int, default=4096, help="--kvmem-budget")
     p.add_argument("--gen-reserve", type=strict_int, default=1024, help="--kvmem-gen-reserve")
-    p.add_argument("-b", "--batch-size", type=strict_int, default=512)
-    p.add_argument("-t", "--threads", type=strict_int, default=None)
-    p.add_argument(
-        "-ngl", "--gpu-layers", type=gpu_layers, default=-1, help="N, all or auto (default: all)"
-    )
-    p.add_argument("--out", default=None, metavar="DIR")
+    add_run_arguments(p)
     p.set_defaults(handler=run)
 
 

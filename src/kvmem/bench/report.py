@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
@@ -12,6 +13,9 @@ from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from kvmem.cli.arg_types import gpu_layers
+from kvmem.cli.kvmem_flags import strict_int
 
 logger = logging.getLogger(__name__)
 
@@ -91,3 +95,14 @@ def write_json(out_dir: str | Path | None, name: str, payload: dict[str, Any]) -
 
 def fraction(numerator: int, denominator: int) -> float | None:
     return numerator / denominator if denominator else None
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """-b, -t, -ngl and --out, as the single-model commands (lookup-drafts, mtp-overhead)
+    take them."""
+    p.add_argument("-b", "--batch-size", type=strict_int, default=512)
+    p.add_argument("-t", "--threads", type=strict_int, default=None)
+    p.add_argument(
+        "-ngl", "--gpu-layers", type=gpu_layers, default=-1, help="N, all or auto (default: all)"
+    )
+    p.add_argument("--out", default=None, metavar="DIR")
