@@ -3,6 +3,7 @@ parsers, log redaction, and the app's body guard, CORS default and 500 accountin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -15,7 +16,9 @@ from kvmem.chat.markup import markup_spans, special_pattern
 from kvmem.chat.schema_check import check_grammar_text, check_schema
 from kvmem.cli.server_config import load_server_settings
 from kvmem.errors import ConfigError, InvalidRequestError
+from kvmem.server import body_guard
 from kvmem.server.app import create_app
+from kvmem.server.body_guard import BodyGuard
 from kvmem.server.json_body import parse_json_body
 from kvmem.server.limits import ServerLimits, byte_size, cors_origins, seconds
 from kvmem.server.log_redact import redact_query
@@ -294,3 +297,45 @@ def test_cors_header_names_are_cased_as_llama_server_writes_them(engine: FakeEng
     assert b"Access-Control-Allow-Origin" in names
     assert b"Access-Control-Allow-Credentials" in names
     assert dict(r.headers.items())["access-control-allow-origin"] == "http://a.example"
+
+
+def _drain_run(max_body: int, chunks: list[bytes], declared: int | None) -> tuple[int, list[str]]:
+    """Run BodyGuard on a scripted body; the count of chunks read, and the order of events."""
+    events: list[str] = []
+    read = 0
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("an oversized body reached the app")
+
+    async def receive() -> dict[str, object]:
+        nonlocal read
+        read += 1
+        events.append("read")
+        return {"type": "http.request", "body": chunks[read - 1], "more_body": read < len(chunks)}
+
+    async def send(message: dict[str, object]) -> None:
+        if message["type"] == "http.response.start":
+            events.append(f"start {message['status']}")
+
+    headers = [(b"content-type", b"application/json")]
+    if declared is not None:
+        headers.append((b"content-length", str(declared).encode()))
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
+    guard = BodyGuard(app, max_body_bytes=max_body, body_timeout_s=5.0)
+    asyncio.run(guard(scope, receive, send))
+    return read, events
+
+
+@pytest.mark.parametrize("declared", [None, 4000])
+def test_an_oversized_body_is_read_to_its_end_before_the_413(declared: int | None) -> None:
+    # closing with unread bytes would reset the connection and lose the 413
+    read, events = _drain_run(1000, [b"x" * 1000] * 4, declared)
+    assert read == 4
+    assert events == ["read"] * 4 + ["start 413"]
+
+
+def test_draining_stops_at_the_drain_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(body_guard, "DRAIN_LIMIT", 2500)
+    read, events = _drain_run(1000, [b"x" * 1000] * 10, 10_000)
+    assert read == 3  # 1000, 2000, 3000 > 2500: stop and answer
+    assert events[-1] == "start 413"

@@ -6,6 +6,9 @@
   Content-Length, or as soon as the streamed body passes the limit) and within
   `--body-timeout` seconds of the request's start (408 otherwise: a body trickled byte by
   byte, or one shorter than its Content-Length, no longer holds a connection forever).
+  Before a 413 the rest of the body is read and dropped (at most `DRAIN_LIMIT` bytes,
+  within the same deadline): closing a socket with unread bytes makes the kernel reset
+  the connection, and the client would lose the 413 it was sent.
   The app then receives the body in one message, and the client's disconnect after it.
 - A client that leaves while sending its body ends the request silently (no traceback).
 - HEAD is answered like GET (the HTTP layer drops the body).
@@ -33,6 +36,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 JSON_TYPES = ("application/json",)
+DRAIN_LIMIT = 64 * 1024 * 1024  # bytes of an oversized body read and dropped before the 413
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -131,6 +135,7 @@ class BodyGuard:
             return
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await self._drain(receive, time.monotonic() + self.body_timeout_s)
             await self._too_large(send)
             return
         body = await self._read_body(receive, send)
@@ -146,6 +151,22 @@ class BodyGuard:
             "invalid_request_error",
             "payload_too_large",
         )
+
+    @staticmethod
+    async def _drain(receive: Receive, deadline: float) -> None:
+        """Read and drop the rest of a refused body, up to DRAIN_LIMIT bytes or the deadline."""
+        dropped = 0
+        while dropped <= DRAIN_LIMIT:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                message = await asyncio.wait_for(receive(), remaining)
+            except asyncio.TimeoutError:
+                return
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+            dropped += len(message.get("body", b""))
 
     async def _read_body(self, receive: Receive, send: Send) -> bytes | None:
         """The whole body, or None after answering (413/408) or when the client left."""
@@ -174,6 +195,8 @@ class BodyGuard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
+                if message.get("more_body", False):
+                    await self._drain(receive, deadline)
                 await self._too_large(send)
                 return None
             parts.append(chunk)
