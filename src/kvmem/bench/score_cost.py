@@ -1,36 +1,40 @@
-"""`kvmem-bench score-cost`: the time one reselection spends scoring, by threads and bound.
+"""`kvmem-bench score-cost`: the time one reselection spends scoring, old path against new.
 
 Scoring is numpy on the host: n_layers x query tokens x query heads x blocks logits, each
 a dot product over the block summaries. This command builds an index of random summaries
 at a model's shape and history length (default: the 8B Llama shape at 250K tokens in
-128-token blocks, 23 scored layers, a 1,024-token query) and times `score_blocks` for
-each `--threads` x `--mlogits` pair, with the speedup over one thread and no bound, all
-measured in this one run. It also reports how many query tokens each bound keeps and
-whether the top-k blocks stay those of the unbounded scores.
+128-token blocks, 23 scored layers, a 1,024-token query, the newest `--pinned` blocks not
+candidates) and times, for each `--mlogits` x `--threads` pair in this one run, session
+4's scorer over its layout (`score_baseline`, the gather and transposes per call) and
+today's `score_blocks` over the `SummaryTable`, with their ratio, the largest relative
+difference of their scores and whether their top-k blocks agree. It also reports how many
+query tokens each bound keeps and whether the top-k blocks stay those of the unbounded
+scores.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 
 from kvmem.bench.report import format_table, machine_description, write_json
+from kvmem.bench.score_baseline import BaselineIndex, baseline_scores
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.memory.ggml_types import GgmlType
-from kvmem.memory.retrieval_index import (
-    N_STATS,
-    KeyGeometry,
-    RetrievalIndex,
-    default_score_layers,
-)
+from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.rope import RopeParams, RopeType
 from kvmem.memory.scorer import QueryVectors, ScoreAggregate, sample_rows, score_blocks
+from kvmem.memory.summary_table import N_STATS
 
 
-def _index(ns: argparse.Namespace, rng: np.random.Generator) -> RetrievalIndex:
+def _indexes(
+    ns: argparse.Namespace, rng: np.random.Generator
+) -> tuple[RetrievalIndex, BaselineIndex]:
+    """The same random summaries in today's index and in session 4's layout."""
     geometry = KeyGeometry(
         ns.n_layer, ns.n_head_kv, ns.head_dim, GgmlType.F16,
         RopeParams(RopeType.NORM, ns.head_dim, 500000.0), 0,
@@ -42,7 +46,7 @@ def _index(ns: argparse.Namespace, rng: np.random.Generator) -> RetrievalIndex:
     stats[:, 1] = -np.abs(stats[:, 1])  # min <= max
     stats[:, 2] = np.abs(stats[:, 2])
     index.put(list(range(ns.blocks)), stats)
-    return index
+    return index, BaselineIndex(geometry, layers, stats)
 
 
 def _query(ns: argparse.Namespace, layers: Sequence[int], rng: np.random.Generator) -> QueryVectors:
@@ -55,39 +59,49 @@ def _query(ns: argparse.Namespace, layers: Sequence[int], rng: np.random.Generat
     return QueryVectors(positions=positions.astype(np.int64), by_layer=by_layer)  # [n_tokens]
 
 
+def _timed(score: Callable[[], np.ndarray]) -> tuple[np.ndarray, float]:
+    t0 = time.perf_counter()
+    scores = score()
+    return scores, time.perf_counter() - t0
+
+
+def _top(scores: np.ndarray, k: int) -> set[int]:
+    return set(np.argsort(-scores, kind="stable")[:k].tolist())
+
+
 def run(ns: argparse.Namespace) -> int:
     rng = np.random.default_rng(ns.seed)
-    index = _index(ns, rng)
+    index, baseline = _indexes(ns, rng)
     query = _query(ns, index.layers, rng)
-    ids = list(range(ns.blocks))
-    per_token = len(index.layers) * ns.n_head * ns.blocks
+    ids = list(range(ns.blocks - ns.pinned))  # the candidates: all but the newest blocks
+    per_token = len(index.layers) * ns.n_head * len(ids)
     reference: np.ndarray | None = None
-    base_s: float | None = None
     rows, results = [], []
     for mlogits in ns.mlogits:
         for threads in ns.threads:
-            t0 = time.perf_counter()
-            scores = score_blocks(
-                index, ids, query, workers=threads, aggregate=ScoreAggregate.MAX,
-                max_logits=mlogits * 1_000_000,
-            )  # fmt: skip
-            seconds = time.perf_counter() - t0
-            if reference is None:
-                reference, base_s = scores, seconds
-            top = set(np.argsort(-reference)[: ns.top_k].tolist())
-            kept = len(top & set(np.argsort(-scores)[: ns.top_k].tolist())) / ns.top_k
+            kw = {"workers": threads, "aggregate": ScoreAggregate.MAX,
+                  "max_logits": mlogits * 1_000_000}  # fmt: skip
+            old, old_s = _timed(partial(baseline_scores, baseline, ids, query, **kw))
+            new, new_s = _timed(partial(score_blocks, index, ids, query, **kw))
+            reference = new if reference is None else reference
+            kept = len(_top(reference, ns.top_k) & _top(new, ns.top_k)) / ns.top_k
+            agree = len(_top(old, ns.top_k) & _top(new, ns.top_k)) / ns.top_k
+            rel = float(np.max(np.abs(new - old) / np.abs(old)))
             sampled = (
                 sample_rows(query.positions, mlogits * 1_000_000 // per_token) if mlogits else None
             )
             tokens = len(query.positions) if sampled is None else len(sampled)
-            rows.append([mlogits or "none", threads, tokens, f"{seconds * 1e3:.0f}",
-                         f"{(base_s or seconds) / seconds:.2f}", f"{kept:.2f}"])  # fmt: skip
+            rows.append([mlogits or "none", threads, tokens, f"{old_s * 1e3:.0f}",
+                         f"{new_s * 1e3:.0f}", f"{old_s / new_s:.2f}", f"{rel:.1e}",
+                         f"{agree:.2f}", f"{kept:.2f}"])  # fmt: skip
             results.append({"mlogits": mlogits, "threads": threads, "query_tokens": tokens,
-                            "seconds": seconds, "top_k_kept": kept})  # fmt: skip
-    head = ["mlogits", "threads", "query tokens", "ms", "speedup", f"top-{ns.top_k} kept"]
+                            "old_seconds": old_s, "new_seconds": new_s, "max_rel_diff": rel,
+                            "top_k_old_new": agree, "top_k_kept": kept})  # fmt: skip
+    head = ["mlogits", "threads", "query tokens", "old ms", "new ms", "old/new", "max rel diff",
+            f"top-{ns.top_k} old=new", f"top-{ns.top_k} kept"]  # fmt: skip
     title = (
-        f"score cost: {ns.blocks} blocks x {len(index.layers)} layers x {ns.n_head} heads, "
-        f"{ns.query_tokens}-token query"
+        f"score cost: {len(ids)} of {ns.blocks} blocks x {len(index.layers)} layers x "
+        f"{ns.n_head} heads, {ns.query_tokens}-token query"
     )
     print(format_table(head, rows, title))
     if ns.out:
@@ -96,7 +110,16 @@ def run(ns: argparse.Namespace) -> int:
     return 0
 
 
-_SHAPE = ("blocks", "block_tokens", "n_layer", "n_head", "n_head_kv", "head_dim", "query_tokens")
+_SHAPE = (
+    "blocks",
+    "pinned",
+    "block_tokens",
+    "n_layer",
+    "n_head",
+    "n_head_kv",
+    "head_dim",
+    "query_tokens",
+)
 
 
 def _int_list(text: str) -> list[int]:
@@ -104,8 +127,12 @@ def _int_list(text: str) -> list[int]:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("score-cost", help="reselection scoring time by threads and bound")
+    p = subparsers.add_parser(
+        "score-cost", help="reselection scoring time, old path and new, by threads and bound"
+    )
     p.add_argument("--blocks", type=strict_int, default=1955, help="blocks in the history")
+    p.add_argument("--pinned", type=strict_int, default=128,
+                   help="newest blocks that are not candidates (the pinned tiers)")  # fmt: skip
     p.add_argument("--block-tokens", type=strict_int, default=128)
     p.add_argument("--n-layer", type=strict_int, default=36)
     p.add_argument("--n-head", type=strict_int, default=32)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -49,29 +49,8 @@ class BackgroundIndex(RetrievalIndex):
             self.put(ids, future.result())
         self.wait_ms += (time.perf_counter() - t0) * 1e3
 
-    def remove(self, block_ids: Iterable[int]) -> None:
+    def _sync(self) -> None:
         self.flush()
-        super().remove(block_ids)
-
-    def means(self, block_ids: Sequence[int]) -> np.ndarray:
-        self.flush()
-        return super().means(block_ids)
-
-    def bounds(self, block_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        self.flush()
-        return super().bounds(block_ids)
-
-    def block_ids(self) -> tuple[int, ...]:
-        self.flush()
-        return super().block_ids()
-
-    def __contains__(self, block_id: object) -> bool:
-        self.flush()
-        return super().__contains__(block_id)
-
-    def __len__(self) -> int:
-        self.flush()
-        return super().__len__()
 
     def close(self) -> None:
         if self._pool is not None:

@@ -33,7 +33,7 @@ import numpy as np
 from kvmem.config import KVCacheTypes, KVMemConfig
 from kvmem.errors import ConfigError, StoreCorruptError
 from kvmem.memory.ggml_types import GgmlType
-from kvmem.memory.retrieval_index import N_STATS, BlockKeys
+from kvmem.memory.retrieval_index import BlockKeys
 from kvmem.memory.session_manifest import (
     MANIFEST_NAME,
     SessionManifest,
@@ -42,6 +42,7 @@ from kvmem.memory.session_manifest import (
     write_manifest,
     write_summary,
 )
+from kvmem.memory.summary_table import N_STATS
 from kvmem.memory.tiered_store import MIB, TieredStore, read_block_file
 
 from .model import ModelInfo
@@ -314,9 +315,7 @@ class SessionPersister:
         if s.index is not None:
             need = [b for b in self.store.summaries_needed(ids) if b in s.index]
             if need:
-                mean = s.index.means(need)
-                lo, hi = s.index.bounds(need)
-                stacked = np.stack([mean, lo, hi], axis=1)  # [n_need, 3, n_scored, n_kv, hd]
+                stacked = s.index.stats(need)  # [n_need, 3, n_scored, n_kv, hd]
                 summaries = {b: stacked[i] for i, b in enumerate(need)}
         vmap = dict(zip(ids, versions, strict=True))
         extra = {**self.extra, "frontier": s.frontier}

@@ -5,7 +5,8 @@ tokens, the mean and the per-channel min and max of its keys with RoPE removed (
 a rotated quantized K cache, the Hadamard rotation undone first): float32
 [3, n_layers_scored, n_head_kv, head_dim]. The min/max give an upper bound of q.k over the
 block's keys (as in Quest), which finds a few relevant tokens that a mean dilutes.
-The summaries live in one contiguous array so that scoring is a single batched product.
+The summaries are stored in a `SummaryTable`: per layer and KV head one matrix per summary
+kind, so that scoring is a few large products over the whole table, with no gather.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ import numpy as np
 from kvmem.errors import MemoryLayoutError
 from kvmem.memory.ggml_types import GgmlType, dequantize_rows
 from kvmem.memory.rope import RopeParams, remove_rope, undo_hadamard
+from kvmem.memory.summary_table import STAT_MAX, STAT_MEAN, STAT_MIN, SummaryTable
 
 logger = logging.getLogger(__name__)
-
-_INITIAL_CAPACITY = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +57,6 @@ class KeyGeometry:
 
 
 DEFAULT_SCORED_LAYERS = 23  # layers 1..23 of a 24-layer model: measured best on Qwen2.5-0.5B
-N_STATS = 3  # the per-block statistics kept, along axis 1 of the summaries:
-STAT_MEAN, STAT_MIN, STAT_MAX = 0, 1, 2
 
 
 def _stats_over_tokens(content: np.ndarray, axis: int) -> np.ndarray:
@@ -94,7 +92,11 @@ class BlockKeys:
 
 
 class RetrievalIndex:
-    """Mean content-frame keys of the blocks in the history, for the layers scored."""
+    """Content-frame key summaries of the blocks in the history, for the layers scored.
+
+    Every read goes through `_sync` first (a no-op here; `BackgroundIndex` stores its
+    pending summaries there), so readers see every summary added before them.
+    """
 
     def __init__(self, geometry: KeyGeometry, layers: Sequence[int]) -> None:
         chosen = tuple(int(layer) for layer in layers)
@@ -108,11 +110,7 @@ class RetrievalIndex:
             )
         self._geometry = geometry
         self._layers = chosen
-        shape = (_INITIAL_CAPACITY, N_STATS, len(chosen), geometry.n_head_kv, geometry.head_dim)
-        # [capacity, (mean, min, max), n_scored, n_head_kv, head_dim]
-        self._stats = np.zeros(shape, dtype=np.float32)
-        self._row_of: dict[int, int] = {}
-        self._id_of_row: list[int] = []
+        self._table = SummaryTable(len(chosen), geometry.n_head_kv, geometry.head_dim)
 
     @property
     def geometry(self) -> KeyGeometry:
@@ -120,7 +118,7 @@ class RetrievalIndex:
 
     @property
     def layers(self) -> tuple[int, ...]:
-        """The attention-layer indices scored, in the order of the means' axis 1."""
+        """The attention-layer indices scored, in the order of the summaries' layer axis."""
         return self._layers
 
     def add(self, block_id: int, positions: np.ndarray, k_rows: Sequence[np.ndarray]) -> None:
@@ -136,14 +134,14 @@ class RetrievalIndex:
         self.put([b.block_id for b in blocks], self.summarize(blocks))
 
     def summarize(self, blocks: Sequence[BlockKeys]) -> np.ndarray:
-        """float32 [n_blocks, n_scored, n_head_kv, head_dim]: the blocks' mean content keys.
+        """float32 [n_blocks, 3, n_scored, n_head_kv, head_dim]: the blocks' (mean, min,
+        max) content keys.
 
         Pure (reads only the geometry), so it may run on another thread than the index.
         Blocks of equal length are processed in one batch.
         """
         if not blocks:
-            g = self._geometry
-            return np.zeros((0, len(self._layers), g.n_head_kv, g.head_dim), dtype=np.float32)
+            return np.zeros((0, *self._table.stats_shape), dtype=np.float32)
         n_tokens = {len(b.positions) for b in blocks}
         if len(n_tokens) != 1:
             return np.stack([self._block_summary(b.positions, b.k_rows) for b in blocks])
@@ -159,56 +157,54 @@ class RetrievalIndex:
         per_block = content.reshape(len(blocks), n, *content.shape[1:])
         return _stats_over_tokens(per_block, axis=1)  # [n_blocks, 3, n_scored, n_kv, hd]
 
-    def put(self, block_ids: Sequence[int], means: np.ndarray) -> None:
-        """Store summaries made by `summarize` (means: [n_blocks, n_scored, n_kv, head_dim])."""
-        if means.shape != (len(block_ids), *self._stats.shape[1:]):
-            raise MemoryLayoutError(f"summaries {list(means.shape)} do not fit this index")
-        for block_id, block_means in zip(block_ids, means, strict=True):
-            self._set(block_id, block_means)
+    def put(self, block_ids: Sequence[int], stats: np.ndarray) -> None:
+        """Store summaries made by `summarize` (stats: [n_blocks, 3, n_scored, n_kv, hd])."""
+        self._table.put(block_ids, stats)
 
     def remove(self, block_ids: Iterable[int]) -> None:
         """Forget blocks; ids not in the index are ignored."""
-        for block_id in block_ids:
-            row = self._row_of.pop(block_id, None)
-            if row is None:
-                continue
-            last = len(self._id_of_row) - 1
-            moved = self._id_of_row.pop()
-            if row != last:  # keep rows [0, n) dense: move the last row into the hole
-                self._stats[row] = self._stats[last]
-                self._id_of_row[row] = moved
-                self._row_of[moved] = row
+        self._sync()
+        self._table.remove(block_ids)
 
     def __contains__(self, block_id: object) -> bool:
-        return block_id in self._row_of
+        self._sync()
+        return block_id in self._table
 
     def __len__(self) -> int:
-        return len(self._id_of_row)
+        self._sync()
+        return len(self._table)
 
     def block_ids(self) -> tuple[int, ...]:
-        return tuple(sorted(self._row_of))
+        self._sync()
+        return self._table.block_ids()
 
     def means(self, block_ids: Sequence[int]) -> np.ndarray:
         """float32 [n_blocks, n_layers_scored, n_head_kv, head_dim], a new array."""
-        return self._stats[self._rows(block_ids), STAT_MEAN]
-
-    def _rows(self, block_ids: Sequence[int]) -> np.ndarray:
-        try:
-            rows = np.fromiter((self._row_of[b] for b in block_ids), dtype=np.int64)  # [n_blocks]
-        except KeyError as exc:
-            raise MemoryLayoutError(f"block {exc.args[0]} is not in the retrieval index") from None
-        return rows
+        return self.stats(block_ids)[:, STAT_MEAN]
 
     def bounds(self, block_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Per-channel (min, max) of the content keys: two float32
         [n_blocks, n_layers_scored, n_head_kv, head_dim] arrays."""
-        rows = self._rows(block_ids)  # [n_blocks]
-        return self._stats[rows, STAT_MIN], self._stats[rows, STAT_MAX]
+        stats = self.stats(block_ids)  # [n_blocks, 3, n_scored, n_kv, head_dim]
+        return stats[:, STAT_MIN], stats[:, STAT_MAX]
+
+    def stats(self, block_ids: Sequence[int]) -> np.ndarray:
+        """float32 [n_blocks, 3, n_scored, n_kv, head_dim] (mean, min, max), a new array."""
+        self._sync()
+        return self._table.stats(block_ids)
+
+    def score_table(self) -> SummaryTable:
+        """The summaries as scoring reads them (per layer and KV head, one row per block)."""
+        self._sync()
+        return self._table
 
     @property
     def nbytes(self) -> int:
-        """Bytes allocated for the means (capacity, not only the rows in use)."""
-        return int(self._stats.nbytes)
+        """Bytes allocated for the summaries (capacity, not only the rows in use)."""
+        return self._table.nbytes
+
+    def _sync(self) -> None:
+        """Make every summary added so far readable (synchronous here)."""
 
     # internals ---------------------------------------------------------------------
 
@@ -243,16 +239,3 @@ class RetrievalIndex:
         if g.k_rotation:
             keys = undo_hadamard(keys, g.k_rotation)
         return remove_rope(keys, pos, g.rope)  # [n_tokens, n_scored, n_head_kv, head_dim]
-
-    def _set(self, block_id: int, block_means: np.ndarray) -> None:
-        row = self._row_of.get(block_id)
-        if row is None:
-            row = len(self._id_of_row)
-            if row == self._stats.shape[0]:
-                # [2 * capacity, n_scored, n_head_kv, head_dim]
-                grown = np.zeros((2 * row, *self._stats.shape[1:]), dtype=np.float32)
-                grown[:row] = self._stats
-                self._stats = grown
-            self._row_of[block_id] = row
-            self._id_of_row.append(block_id)
-        self._stats[row] = block_means

@@ -10,9 +10,17 @@ query head h to KV head h // (n_head // n_head_kv), as llama.cpp does.
 Cost: n_layers x n_tokens x n_head x n_blocks logits, each a head_dim dot product and
 an exp. It grows with the history, so `max_logits` bounds it: past the bound, the query
 tokens scored are an even sample of each query span (its last token always in it), a
-function of the query alone (`sample_rows`). The logits are computed in chunks of
-`_CHUNK_ELEMENTS`; with `workers > 1` the chunks run on a thread pool (numpy releases the
-GIL in matmul and exp). The result does not depend on `workers`.
+function of the query alone (`sample_rows`).
+
+The summaries are read where they lie (`SummaryTable`: per layer and KV head, one row per
+block): when the candidates are most of the table, each (layer, KV head) is one product of
+its query rows with every row of the table, the columns of non-candidates masked out of
+the softmax and the candidates' columns picked from the per-layer result; when they are
+few, their rows are gathered first. The query of a layer is prepared once (RoPE removed,
+scaled, grouped by KV head, [q+ | q-] for the bound). With `workers > 1` the layers run on
+a thread pool (numpy releases the GIL in matmul and exp), OpenBLAS on one thread per product
+meanwhile (`blas_threads`), since it runs one multi-threaded product at a time. The result
+does not depend on `workers`.
 """
 
 from __future__ import annotations
@@ -27,12 +35,13 @@ from enum import Enum
 import numpy as np
 
 from kvmem.errors import MemoryLayoutError
+from kvmem.memory.blas_threads import single_threaded_blas
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex
 from kvmem.memory.rope import remove_rope
 
 logger = logging.getLogger(__name__)
 
-_CHUNK_ELEMENTS = 1 << 22  # logits computed at once per task (16 MiB of float32)
+_CHUNK_ELEMENTS = 1 << 20  # logits computed at once (4 MiB of float32, cache-sized)
 
 
 class ScoreMode(Enum):
@@ -59,12 +68,12 @@ class QueryVectors:
 
 
 @dataclass(frozen=True, slots=True)
-class _Chunk:
-    """Some query rows of one layer against every block."""
+class _Columns:
+    """Which rows of the summary table are scored, and how the candidates are read back."""
 
-    layer_pos: int  # index into the layers used
-    queries: np.ndarray  # float32 [n_kv, n_rows, d'], RoPE removed (d' = 2 head_dim: [q+, q-])
-    keys: np.ndarray  # float32 [n_kv, d', n_blocks], the layer's mean keys or [max; min]
+    rows: np.ndarray | None  # int64 [n_cand]: the table rows to gather first; None: all rows
+    masked: np.ndarray  # int64 [n_masked]: scored columns that are not candidates (-inf)
+    picks: np.ndarray  # int64 [n_blocks]: each candidate's column in the scored result
 
 
 def score_blocks(
@@ -80,10 +89,11 @@ def score_blocks(
     """float32 [n_blocks]: the estimated attention mass of each block; sums to 1.
 
     An empty block list gives an empty array. Raises MemoryLayoutError when the query
-    has none of the index's scored layers or its shapes do not fit the geometry.
-    `workers` > 1 computes the chunks of logits on that many threads. `max_logits` > 0
-    scores an even sample of the query tokens when all of them would exceed that many
-    logits (`sample_rows`).
+    has none of the index's scored layers or its shapes do not fit the geometry, or a
+    block is not in the index. `workers` > 1 scores the layers on that many threads,
+    each product on one OpenBLAS thread.
+    `max_logits` > 0 scores an even sample of the query tokens when all of them would
+    exceed that many logits over the candidates (`sample_rows`).
     """
     ids = list(block_ids)
     if not ids:
@@ -95,49 +105,92 @@ def score_blocks(
             f"the query has vectors for layers {sorted(query.by_layer)}, "
             f"none of the scored layers {list(index.layers)}"
         )
-    query = _bounded_query(query, [layer for _, layer in used], len(ids), max_logits)
+    query = bounded_query(query, [layer for _, layer in used], len(ids), max_logits)
     positions = np.asarray(query.positions)  # [n_tokens]
-    keys_by_layer = _block_keys(index, ids, mode)  # [n_blocks, n_scored, n_kv, d or 2d]
-    n_blocks, n_kv = len(ids), geometry.n_head_kv
-    chunks: list[_Chunk] = []
-    n_rows: list[int] = []  # per used layer: query rows (tokens x heads)
-    for pos, (j, layer) in enumerate(used):
-        q = np.asarray(query.by_layer[layer], dtype=np.float32)  # [n_tokens, n_head, head_dim]
-        n_tokens, n_head, head_dim = _check_query(q, positions, geometry, layer)
-        group = n_head // n_kv
-        content = remove_rope(q, positions, geometry.rope)  # [n_tokens, n_head, head_dim]
-        # query head h = kvh * group + g attends with KV head kvh: [n_kv, n_tokens * group, head_dim]
-        grouped = content.reshape(n_tokens, n_kv, group, head_dim).transpose(1, 0, 2, 3)
-        grouped = np.ascontiguousarray(grouped).reshape(n_kv, n_tokens * group, head_dim)
-        if mode is ScoreMode.KEY_BOUND:
-            # max(q.min, q.max) per channel = q+ . max + q- . min: one product on [q+, q-]
-            grouped = np.concatenate([np.maximum(grouped, 0), np.minimum(grouped, 0)], axis=-1)
-        keys = np.ascontiguousarray(keys_by_layer[:, j].transpose(1, 2, 0))  # [n_kv, d', n_blocks]
-        step = max(1, _CHUNK_ELEMENTS // (n_kv * n_blocks))
-        for r0 in range(0, n_tokens * group, step):
-            chunks.append(_Chunk(pos, grouped[:, r0 : r0 + step], keys))
-        n_rows.append(n_tokens * n_head)
-    scale = np.float32(1.0 / math.sqrt(geometry.head_dim))
+    for _, layer in used:
+        _check_query(np.asarray(query.by_layer[layer]), positions, geometry, layer)
+    table = index.score_table()
+    columns = _columns(table.rows(ids), len(table))
+    keys = table.bound_keys if mode is ScoreMode.KEY_BOUND else table.mean_keys
     use_max = aggregate is ScoreAggregate.MAX
-    if workers > 1 and len(chunks) > 1:
-        with ThreadPoolExecutor(max_workers=min(workers, len(chunks))) as pool:
-            partials = list(pool.map(lambda c: _softmax_columns(c, scale, use_max), chunks))
+
+    def one_layer(job: tuple[int, int]) -> np.ndarray:
+        j, layer = job
+        q = _prepared_query(query.by_layer[layer], positions, geometry, mode)  # [n_kv, n, d']
+        layer_keys = keys[j] if columns.rows is None else keys[j][:, columns.rows]
+        return _layer_scores(q, layer_keys, columns.masked, use_max)  # [n_columns]
+
+    if workers > 1 and len(used) > 1:
+        with single_threaded_blas(), ThreadPoolExecutor(min(workers, len(used))) as pool:
+            per_layer = np.stack(list(pool.map(one_layer, used)))  # [n_used, n_columns]
     else:
-        partials = [_softmax_columns(c, scale, use_max) for c in chunks]
-    per_layer = np.zeros((len(used), n_blocks), dtype=np.float64)  # [n_used, n_blocks]
-    for chunk, partial in zip(chunks, partials, strict=True):
-        if use_max:
-            np.maximum(per_layer[chunk.layer_pos], partial, out=per_layer[chunk.layer_pos])
-        else:
-            per_layer[chunk.layer_pos] += partial
+        per_layer = np.stack([one_layer(job) for job in used])  # [n_used, n_columns]
+    per_layer = per_layer[:, columns.picks]  # [n_used, n_blocks]
     if use_max:
         per_layer /= per_layer.sum(axis=1, keepdims=True)
     else:
-        per_layer /= np.asarray(n_rows, dtype=np.float64)[:, None]
+        n_head = np.asarray(query.by_layer[used[0][1]]).shape[1]
+        per_layer /= float(len(positions) * n_head)
     return per_layer.mean(axis=0).astype(np.float32)  # [n_blocks]
 
 
-def _bounded_query(
+def _columns(rows: np.ndarray, n_rows: int) -> _Columns:
+    """Score every table row and mask the non-candidates when the candidates are most of
+    the table (no gather); gather the candidates' rows when they are few."""
+    if 2 * len(rows) < n_rows:
+        return _Columns(rows, np.zeros(0, np.int64), np.arange(len(rows), dtype=np.int64))
+    candidate = np.zeros(n_rows, dtype=bool)  # [n_rows]
+    candidate[rows] = True
+    return _Columns(None, np.flatnonzero(~candidate).astype(np.int64), rows)
+
+
+def _prepared_query(
+    q: np.ndarray, positions: np.ndarray, geometry: KeyGeometry, mode: ScoreMode
+) -> np.ndarray:
+    """float32 [n_kv, n_tokens * group, d']: one layer's query rows per KV head, RoPE removed
+    and scaled by 1/sqrt(head_dim); for the bound score d' = 2 head_dim, rows [q+ | q-]."""
+    n_tokens, n_head, head_dim = q.shape
+    n_kv = geometry.n_head_kv
+    group = n_head // n_kv
+    scale = np.float32(1.0 / math.sqrt(head_dim))
+    content = remove_rope(np.asarray(q, dtype=np.float32), positions, geometry.rope)
+    content *= scale  # [n_tokens, n_head, head_dim]
+    # query head h = kvh * group + g attends with KV head kvh: [n_kv, n_tokens * group, head_dim]
+    grouped = content.reshape(n_tokens, n_kv, group, head_dim).transpose(1, 0, 2, 3)
+    grouped = np.ascontiguousarray(grouped).reshape(n_kv, n_tokens * group, head_dim)
+    if mode is ScoreMode.MEAN_KEY:
+        return grouped
+    # max(q.min, q.max) per channel = q+ . max + q- . min: one product on [q+, q-]
+    return np.concatenate([np.maximum(grouped, 0), np.minimum(grouped, 0)], axis=-1)
+
+
+def _layer_scores(q: np.ndarray, keys: np.ndarray, masked: np.ndarray, use_max: bool) -> np.ndarray:
+    """float64 [n_columns]: the max (or sum) over one layer's query rows of
+    softmax_b(q . k_b) over the unmasked columns b (masked int64 [n_masked] get 0).
+
+    q float32 [n_kv, n_rows, d'] (scaled); keys float32 [n_kv, n_columns, d'], one row
+    per column. The logits are computed in tiles of at most `_CHUNK_ELEMENTS`.
+    """
+    n_kv, n_rows, _ = q.shape
+    out = np.zeros(keys.shape[1], dtype=np.float64)  # [n_columns]
+    step = max(1, _CHUNK_ELEMENTS // keys.shape[1])
+    for kvh in range(n_kv):
+        for r0 in range(0, n_rows, step):
+            logits = q[kvh, r0 : r0 + step] @ keys[kvh].T  # [rows, n_columns]
+            if len(masked):
+                logits[:, masked] = -np.inf
+            logits -= logits.max(axis=1, keepdims=True)
+            np.exp(logits, out=logits)
+            if use_max:
+                logits /= logits.sum(axis=1, keepdims=True)
+                np.maximum(out, logits.max(axis=0), out=out)
+            else:
+                weights = np.reciprocal(logits.sum(axis=1))  # [rows]: 1 / each row's sum
+                out += weights @ logits  # [n_columns]
+    return out
+
+
+def bounded_query(
     query: QueryVectors, layers: list[int], n_blocks: int, max_logits: int
 ) -> QueryVectors:
     """The query, or the sample of its tokens that keeps the logits within `max_logits`."""
@@ -176,28 +229,6 @@ def sample_rows(positions: np.ndarray, limit: int) -> np.ndarray | None:
         # k evenly spaced rows of [lo, hi), the last one at hi - 1
         picks.append(hi - 1 - ((hi - lo) * np.arange(k - 1, -1, -1, dtype=np.int64)) // k)
     return np.concatenate(picks)  # [<= limit + n_spans]
-
-
-def _block_keys(index: RetrievalIndex, ids: list[int], mode: ScoreMode) -> np.ndarray:
-    """float32 [n_blocks, n_scored, n_kv, head_dim] means, or [..., 2 * head_dim] (max, min)."""
-    if mode is ScoreMode.MEAN_KEY:
-        return index.means(ids)
-    mins, maxs = index.bounds(ids)
-    return np.concatenate([maxs, mins], axis=-1)
-
-
-def _softmax_columns(chunk: _Chunk, scale: np.float32, use_max: bool) -> np.ndarray:
-    """float64 [n_blocks]: the sum (or max) over the chunk's query rows of
-    softmax_b(q . k_b * scale)."""
-    logits = np.matmul(chunk.queries, chunk.keys)  # [n_kv, n_rows, n_blocks]
-    logits *= scale
-    logits -= logits.max(axis=-1, keepdims=True)
-    np.exp(logits, out=logits)
-    logits /= logits.sum(axis=-1, keepdims=True)
-    rows = logits.reshape(-1, logits.shape[-1])  # [n_kv * n_rows, n_blocks]
-    if use_max:
-        return rows.max(axis=0).astype(np.float64)  # [n_blocks]
-    return rows.sum(axis=0, dtype=np.float64)  # [n_blocks]
 
 
 def _check_query(
