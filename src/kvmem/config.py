@@ -178,9 +178,10 @@ class KVMemConfig:
     def score_workers(self) -> int:
         """Threads that score one reselection (`--kvmem-score-threads`; 0: min(8, CPUs)).
 
-        One by default: numpy's matmul already runs on OpenBLAS's threads, and on the H200
-        host (16 cores) 2, 4 and 8 scoring threads were 9-28% slower than one
-        (`kvmem-bench score-cost`, docs/benchmarks.md)."""
+        One by default: numpy's matmul then runs on OpenBLAS's threads. More threads score
+        the layers side by side, each product on one OpenBLAS thread (`blas_threads`);
+        session 4's scorer was 9-28% slower on 2-8 threads than on one on the H200 host
+        (16 cores), and `kvmem-bench score-cost` measures both paths by threads."""
         return self.score_threads or max(1, min(8, os.cpu_count() or 1))
 
     @property

@@ -54,9 +54,23 @@ def _score_loop(
     mode: ScoreMode = ScoreMode.KEY_BOUND,
     aggregate: ScoreAggregate = ScoreAggregate.MEAN,
 ) -> list[float]:
-    g = index.geometry
-    means = index.means(block_ids).astype(np.float64)  # [n_blocks, n_scored, n_head_kv, head_dim]
-    mins, maxs = (a.astype(np.float64) for a in index.bounds(block_ids))  # [n_blocks, ...]
+    summaries = dict(zip(block_ids, index.stats(block_ids), strict=True))
+    return _stats_loop(summaries, index.layers, index.geometry, query, mode, aggregate)
+
+
+def _stats_loop(
+    summaries: dict[int, np.ndarray],
+    layers: tuple[int, ...],
+    g: KeyGeometry,
+    query: QueryVectors,
+    mode: ScoreMode = ScoreMode.KEY_BOUND,
+    aggregate: ScoreAggregate = ScoreAggregate.MEAN,
+) -> list[float]:
+    """The plain loop over the summaries float32 [3 (mean, min, max), n_scored, n_kv, hd] of
+    the candidates, in the dict's order."""
+    block_ids = list(summaries)
+    stacked = np.stack([summaries[b] for b in block_ids]).astype(np.float64)
+    means, mins, maxs = stacked[:, 0], stacked[:, 1], stacked[:, 2]  # [n_blocks, L, kv, hd]
 
     def logit(vec: list[float], b: int, j: int, kvh: int) -> float:
         if mode is ScoreMode.MEAN_KEY:
@@ -70,7 +84,7 @@ def _score_loop(
 
     totals = [0.0] * len(block_ids)
     n_layers = 0
-    for j, layer in enumerate(index.layers):
+    for j, layer in enumerate(layers):
         if layer not in query.by_layer:
             continue
         n_layers += 1
@@ -84,8 +98,9 @@ def _score_loop(
                 logits = [logit(vec, b, j, kvh) for b in range(len(block_ids))]
                 top = max(logits)
                 exps = [math.exp(x - top) for x in logits]
+                z = sum(exps)
                 for b in range(len(block_ids)):
-                    p = exps[b] / sum(exps)
+                    p = exps[b] / z
                     if aggregate is ScoreAggregate.MAX:
                         layer_totals[b] = max(layer_totals[b], p)
                     else:
@@ -242,3 +257,83 @@ def test_max_logits_scores_the_sampled_rows() -> None:
         expected = _score_loop(index, ids, sampled, aggregate=aggregate)
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
         assert not np.allclose(got, full)
+
+
+def _random_stats(rng: np.random.Generator, n: int, n_kv: int) -> np.ndarray:
+    """float32 [n, 3, N_LAYER, n_kv, HEAD_DIM]: random (mean, min, max), min <= max."""
+    stats = rng.standard_normal((n, 3, N_LAYER, n_kv, HEAD_DIM)).astype(np.float32)
+    stats[:, 1] = -np.abs(stats[:, 1])
+    stats[:, 2] = np.abs(stats[:, 2])
+    return stats
+
+
+def _assert_same_scores_and_ranking(got: np.ndarray, expected: list[float]) -> None:
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=0)
+    ref = np.asarray(expected)  # [n_blocks]
+    assert np.argsort(-got, kind="stable").tolist() == np.argsort(-ref, kind="stable").tolist()
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("candidates", ["most", "few"])  # masked columns / gathered rows
+@pytest.mark.parametrize("aggregate", list(ScoreAggregate))
+@pytest.mark.parametrize("mode", [ScoreMode.KEY_BOUND, ScoreMode.MEAN_KEY])
+def test_table_scores_match_loop_after_removal_growth_and_replacement(
+    mode: ScoreMode, aggregate: ScoreAggregate, candidates: str, workers: int
+) -> None:
+    """Rows moved by removals, a table grown past its capacity and replaced summaries
+    score exactly as the plain loop over the summaries that were put."""
+    g = _geometry(RopeType.NORM)
+    rng = np.random.default_rng(11)
+    index = RetrievalIndex(g, [0, 1, 2])
+    held: dict[int, np.ndarray] = {}
+    for ids in (range(0, 40), range(40, 100)):  # 100 rows: capacity 64 -> 128
+        stats = _random_stats(rng, len(ids), N_HEAD_KV)
+        index.put(list(ids), stats)
+        held.update(zip(ids, stats, strict=True))
+    index.remove([0, 7, 55, 99, 98])  # rows refilled from the end
+    for b in (0, 7, 55, 99, 98):
+        del held[b]
+    replaced = _random_stats(rng, 2, N_HEAD_KV)
+    index.put([3, 60], replaced)
+    held[3], held[60] = replaced
+    ids = sorted(held)[5:] if candidates == "most" else [60, 3, 91, 12, 40, 5]
+    query = QueryVectors(
+        positions=np.array([300, 301, 302, 310], dtype=np.int32),  # [n_tokens]
+        by_layer={
+            layer: rng.standard_normal((4, N_HEAD, HEAD_DIM)).astype(np.float32) for layer in (0, 2)
+        },
+    )
+    got = score_blocks(index, ids, query, workers=workers, mode=mode, aggregate=aggregate)
+    expected = _stats_loop({b: held[b] for b in ids}, index.layers, g, query, mode, aggregate)
+    _assert_same_scores_and_ranking(got, expected)
+
+
+@pytest.mark.parametrize("n_head", [2, 4, 8])  # GQA groups of 1, 2 and 4 query heads
+@pytest.mark.parametrize("aggregate", list(ScoreAggregate))
+def test_table_scores_match_loop_for_gqa_groups_and_sampled_queries(
+    n_head: int, aggregate: ScoreAggregate
+) -> None:
+    g = _geometry(RopeType.NEOX)
+    rng = np.random.default_rng(12 + n_head)
+    index = RetrievalIndex(g, [0, 1, 2])
+    stats = _random_stats(rng, 30, N_HEAD_KV)
+    index.put(list(range(30)), stats)
+    index.remove([4])
+    ids = [b for b in range(30) if b not in (4, 29)]
+    positions = np.concatenate([np.arange(50, 56), np.arange(200, 204)]).astype(np.int32)
+    query = QueryVectors(
+        positions=positions,  # [10]
+        by_layer={
+            layer: rng.standard_normal((10, n_head, HEAD_DIM)).astype(np.float32)
+            for layer in (0, 1, 2)
+        },
+    )
+    per_token = 3 * n_head * len(ids)  # logits of one query token
+    rows = scorer.sample_rows(positions, 4)
+    assert rows is not None and rows.tolist() == [2, 5, 9]  # shares 2 and 1 of the 4
+    sampled = QueryVectors(positions[rows], {k: v[rows] for k, v in query.by_layer.items()})
+    summaries = {b: stats[b] for b in ids}
+    for max_logits, scored in ((0, query), (4 * per_token + 1, sampled)):
+        got = score_blocks(index, ids, query, aggregate=aggregate, max_logits=max_logits)
+        expected = _stats_loop(summaries, index.layers, g, scored, ScoreMode.KEY_BOUND, aggregate)
+        _assert_same_scores_and_ranking(got, expected)

@@ -24,6 +24,7 @@ import numpy as np
 from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.bench.score_baseline import BaselineIndex, baseline_scores
 from kvmem.cli.kvmem_flags import strict_int
+from kvmem.memory.blas_threads import blas_threads
 from kvmem.memory.ggml_types import GgmlType
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.rope import RopeParams, RopeType
@@ -101,7 +102,7 @@ def run(ns: argparse.Namespace) -> int:
             f"top-{ns.top_k} old=new", f"top-{ns.top_k} kept"]  # fmt: skip
     title = (
         f"score cost: {len(ids)} of {ns.blocks} blocks x {len(index.layers)} layers x "
-        f"{ns.n_head} heads, {ns.query_tokens}-token query"
+        f"{ns.n_head} heads, {ns.query_tokens}-token query, OpenBLAS threads {blas_threads()}"
     )
     print(format_table(head, rows, title))
     if ns.out:
