@@ -181,11 +181,11 @@ def _layer_scores(q: np.ndarray, keys: np.ndarray, masked: np.ndarray, use_max: 
                 logits[:, masked] = -np.inf
             logits -= logits.max(axis=1, keepdims=True)
             np.exp(logits, out=logits)
+            weights = np.reciprocal(logits.sum(axis=1))  # [rows]: 1 / each row's sum
             if use_max:
-                logits /= logits.sum(axis=1, keepdims=True)
+                logits *= weights[:, None]
                 np.maximum(out, logits.max(axis=0), out=out)
             else:
-                weights = np.reciprocal(logits.sum(axis=1))  # [rows]: 1 / each row's sum
                 out += weights @ logits  # [n_columns]
     return out
 
