@@ -139,7 +139,7 @@ def test_scores_match_loop(rope_type: RopeType, mode: ScoreMode, aggregate: Scor
 def test_chunked_and_threaded_scores_match_loop(
     workers: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(scorer, "_CHUNK_ELEMENTS", 2 * N_HEAD_KV * 5)  # 2 query rows per chunk
+    monkeypatch.setattr(scorer, "_CHUNK_ELEMENTS", 3 * 5)  # tiles of 3, 3, 3, 1 rows x 5 blocks
     g = _geometry(RopeType.NEOX)
     rng = np.random.default_rng(8)
     index = _build_index(g, n_blocks=5, rng=rng)
@@ -306,6 +306,8 @@ def test_table_scores_match_loop_after_removal_growth_and_replacement(
     got = score_blocks(index, ids, query, workers=workers, mode=mode, aggregate=aggregate)
     expected = _stats_loop({b: held[b] for b in ids}, index.layers, g, query, mode, aggregate)
     _assert_same_scores_and_ranking(got, expected)
+    serial = score_blocks(index, ids, query, mode=mode, aggregate=aggregate)
+    assert np.array_equal(got, serial)  # the thread count does not change a bit
 
 
 @pytest.mark.parametrize("n_head", [2, 4, 8])  # GQA groups of 1, 2 and 4 query heads
