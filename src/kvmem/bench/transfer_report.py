@@ -18,6 +18,8 @@ PATHS = (
     "store_put",
     "state_build",
     "state_set",
+    "prefill_decode",  # llama_decode of the prefill chunks
+    "prefill_gap",  # the caller between those decodes (includes harvest and eviction)
 )
 # the time harvest holds the caller: copy_out runs on the copy threads, copy_wait is the
 # part of it the caller waited for (all of it without copy threads)

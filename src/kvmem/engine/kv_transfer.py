@@ -26,8 +26,10 @@ from kvmem.memory.retrieval_index import BlockKeys, RetrievalIndex
 from .batch_rows import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ
 from .block_buffers import BlockBuffers, shared_buffers
 from .context import LlamaContext
+from .harvest_split import split_owned
 from .host_staging import StagingBuffer
 from .hybrid_transfer import hybrid_blobs
+from .kv_copy import CopyPlan, NativeCopy, native_copy
 from .llama_lib import host_buffer_allocator
 from .state_codec import StateLayout, build_state, kv_part_nbytes, parse_state, split_blocks
 from .transfer_profile import TransferPath, TransferProfile
@@ -39,8 +41,9 @@ STAGING_BYTES = 1 << 30  # the reused (pinned) blob buffer; larger restores go i
 
 
 def copy_threads() -> int:
-    """Threads for the copy-out and the restore blob: KVMEM_COPY_THREADS, else CPUs / 2
-    (at most 4). One means no copy threads: everything on the caller's thread."""
+    """Threads for the copy-out and the restore blob (the native copy's pthreads, or
+    numpy's copy threads): KVMEM_COPY_THREADS, else CPUs / 2 (at most 4). One means no
+    copy threads: everything on the caller's thread."""
     env = os.environ.get("KVMEM_COPY_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
@@ -120,6 +123,8 @@ class KVTransfer:
         # pages touched ahead only where the copy-out runs beside the GPU (copy threads)
         self.buffers: BlockBuffers | None = shared_buffers() if staged and threads > 1 else None
         self.copier = ThreadPoolExecutor(threads, "kvmem-copy") if staged and threads > 1 else None
+        # the copy-out and the restore blob in one native call each (None: numpy, kv_copy)
+        self.native: NativeCopy | None = native_copy(threads)
         self._pending: list[Future[tuple[list[BlockKV], float]]] = []  # copy-outs running
         self._pending_ids: set[int] = set()
 
@@ -147,9 +152,17 @@ class KVTransfer:
         finally:
             with prof.timed(TransferPath.SEQ_RM):
                 self.ctx.seq_rm(HARVEST_SEQ, -1, -1)
+        native = self.native
+        plan = native.plan() if native is not None else None
         with prof.timed(TransferPath.STATE_SPLIT, len(blob)):
-            state = self.hybrid.parse(blob) if self.hybrid else parse_state(blob)
-            views = split_blocks(state, bt)  # views of the staging buffer
+            if self.hybrid is not None:
+                state = self.hybrid.parse(blob)
+            else:
+                state = parse_state(blob, transpose_v=plan is None)
+            if plan is not None:  # blocks in their own buffers, filled when the plan runs
+                views = split_owned(state, bt, self._take, plan)
+            else:
+                views = split_blocks(state, bt)  # views of the staging buffer
         if sorted(b.block_id for b in views) != sorted(block_ids):
             raise KVTransferError(f"harvest of blocks {list(block_ids)} returned other cells")
         if any(len(b.positions) != bt for b in views):
@@ -157,7 +170,14 @@ class KVTransfer:
         self.layout = self.layout or state.layout
         n_bytes = sum(block.nbytes for block in views)
         # own copies: the blob lives in the staging buffer, reused by the next transfer
-        if self.copier is None:
+        if plan is not None and self.copier is None:
+            copy_ms = plan.run()
+            prof.add(TransferPath.COPY_WAIT, copy_ms)
+            self._put(views, copy_ms)
+        elif plan is not None:  # one native call on a copy thread (it releases the GIL)
+            self._pending = [self.copier.submit(self._ran, plan, views)]
+            self._pending_ids = {b.block_id for b in views}
+        elif self.copier is None:
             owned, copy_ms = self._copied(views)
             prof.add(TransferPath.COPY_WAIT, copy_ms)  # on this thread: all of it waited for
             self._put(owned, copy_ms)
@@ -172,6 +192,17 @@ class KVTransfer:
         t0 = time.perf_counter()
         owned = [owned_block(b, self.buffers) for b in blocks]
         return owned, (time.perf_counter() - t0) * 1e3
+
+    def _take(self, n_bytes: int) -> np.ndarray:
+        """uint8 [n_bytes] for a harvested block: touched ahead when there is a pool."""
+        if self.buffers is not None:
+            return self.buffers.take(n_bytes)
+        return np.empty(n_bytes, dtype=np.uint8)  # [n_bytes]
+
+    @staticmethod
+    def _ran(plan: CopyPlan, blocks: list[BlockKV]) -> tuple[list[BlockKV], float]:
+        """`blocks` once `plan` (their copy-out) has run, and the ms it took."""
+        return blocks, plan.run()
 
     def flush(self) -> None:
         """Put the blocks of copy-outs still running into the store (waiting for them)."""
@@ -238,7 +269,9 @@ class KVTransfer:
             else:
                 size = 8 + kv_part_nbytes(self.layout, n_cells)
                 out = self.staging.view(size) if self.staging is not None else None
-                blob = build_state(self.layout, blocks, RESTORE_SEQ, out=out, copier=self.copier)
+                blob = build_state(
+                    self.layout, blocks, RESTORE_SEQ, out, copier=self.copier, native=self.native
+                )
         with prof.timed(TransferPath.STATE_SET, len(blob)):
             self.ctx.set_state(blob, RESTORE_SEQ)
         bt = self.table.block_tokens

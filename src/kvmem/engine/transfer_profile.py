@@ -30,6 +30,10 @@ class TransferPath(Enum):
     SEQ_RM = "seq_rm"
     SEQ_ADD = "seq_add"
     CAPTURE = "capture"  # eval-callback calls (every graph node) and query reads
+    PREFILL_DECODE = "prefill_decode"  # llama_decode of prefill chunks (wall, on the caller)
+    # the caller's time in the prefill loop outside llama_decode: streaming the window
+    # (harvest and evict, also timed above), table bookkeeping, waiting for the GIL
+    PREFILL_GAP = "prefill_gap"
 
 
 @dataclass(slots=True)
