@@ -50,7 +50,10 @@ _LOCK = threading.Lock()
 
 def address(a: np.ndarray) -> int:
     """The address of a C-contiguous array's first byte."""
-    return int(a.__array_interface__["data"][0])
+    try:  # the cheapest way from Python (a writable buffer)
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError):  # read-only or empty
+        return int(a.__array_interface__["data"][0])
 
 
 class NativeCopy:
@@ -107,30 +110,29 @@ class CopyPlan:
         """One op per element of the broadcast of the arguments: `dst`, `src` addresses,
         `el` element bytes; with n_outer/n_inner > 1, `strides` are (dst_outer, src_outer,
         dst_inner, src_inner) in bytes."""
-        fields = np.broadcast_arrays(
-            *(np.asarray(x, np.uint64) for x in (dst, src, n_outer, n_inner, el)),
-            *(np.asarray(x, np.int64) for x in strides),
-        )
-        ops = np.empty(fields[0].size, dtype=OP_DTYPE)  # [n_ops]
-        for name, values in zip(OP_DTYPE.names or (), fields, strict=True):
-            ops[name] = values.ravel()
+        values = [np.asarray(x, np.uint64) for x in (dst, src, n_outer, n_inner, el)]
+        values += [np.asarray(x, np.int64) for x in strides]
+        ops = np.empty(np.broadcast_shapes(*(v.shape for v in values)), dtype=OP_DTYPE)
+        for name, v in zip(OP_DTYPE.names or (), values, strict=True):
+            ops[name] = v  # broadcast on assignment
+        ops = ops.ravel()  # [n_ops]
         self._ops.append(ops)
         self.bytes += int((ops["el"] * ops["n_outer"] * ops["n_inner"]).sum())
 
     def concat(self, dst: np.ndarray, parts: Sequence[np.ndarray]) -> None:
         """dst (uint8 [n_cells, row_bytes]) = the rows of `parts`, one after the other."""
-        arrays = self._rows(parts, dst.shape[1])
+        arrays, addresses = self._rows(parts, dst.shape[1])
         sizes = np.array([a.nbytes for a in arrays], dtype=np.uint64)  # [n_parts]
         if int(sizes.sum()) != dst.nbytes:
             raise StateFormatError(f"{int(sizes.sum())} bytes of rows for {dst.nbytes}")
         offsets = np.cumsum(sizes) - sizes  # [n_parts]
-        self.add(address(dst) + offsets, [address(a) for a in arrays], sizes)
+        self.add(address(dst) + offsets, addresses, sizes)
 
     def to_columns(self, dst: np.ndarray, parts: Sequence[np.ndarray], el: int) -> None:
         """dst (uint8 [n_embd_v * n_cells * el]) = the V rows of `parts` transposed
         (channels x cells), as llama.cpp stores V without flash attention."""
         row = dst.nbytes // max(1, sum(len(p) for p in parts))
-        arrays = self._rows(parts, row)
+        arrays, addresses = self._rows(parts, row)
         n_cells = sum(len(a) for a in arrays)
         if n_cells * row != dst.nbytes:
             raise StateFormatError(f"{n_cells} V rows of {row} bytes for {dst.nbytes} bytes")
@@ -138,7 +140,7 @@ class CopyPlan:
         at = np.cumsum(counts) - counts  # [n_parts] first cell of each part
         self.add(
             address(dst) + at * el,
-            [address(a) for a in arrays],
+            addresses,
             el,
             n_outer=row // el,
             n_inner=counts,
@@ -153,14 +155,22 @@ class CopyPlan:
         self._ops, self._keep = [], []
         return (time.perf_counter() - t0) * 1e3
 
-    def _rows(self, parts: Sequence[np.ndarray], row_bytes: int) -> list[np.ndarray]:
-        """`parts` as C-contiguous uint8 [n, row_bytes] arrays (copied only where not)."""
-        arrays = []
+    def _rows(
+        self, parts: Sequence[np.ndarray], row_bytes: int
+    ) -> tuple[list[np.ndarray], list[int]]:
+        """`parts` as C-contiguous uint8 [n, row_bytes] arrays (copied only where not),
+        and their addresses."""
+        arrays, addresses = [], []
         for p in parts:
-            if p.dtype != np.uint8 or p.ndim != 2 or p.shape[1] != row_bytes:
+            if p.shape[1:] != (row_bytes,) or p.dtype != np.uint8:
                 raise StateFormatError(f"rows {p.dtype} {p.shape}, {row_bytes} bytes expected")
-            if not p.flags.c_contiguous:
-                p = np.ascontiguousarray(p)
-                self._keep.append(p)
+            try:  # the cheapest address from Python: C-contiguous, writable, not empty
+                at = ctypes.addressof(ctypes.c_char.from_buffer(p))
+            except (TypeError, ValueError, BufferError):
+                if not p.flags.c_contiguous:
+                    p = np.ascontiguousarray(p)
+                    self._keep.append(p)
+                at = int(p.__array_interface__["data"][0])
             arrays.append(p)
-        return arrays
+            addresses.append(at)
+        return arrays, addresses
