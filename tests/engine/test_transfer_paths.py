@@ -167,6 +167,13 @@ def test_native_and_numpy_copies_are_bit_identical(smollm2_path, cache, flash_at
         prompt, token = tokens[:-1], tokens[-1]
         engine.reset()
         engine.teacher_force(prompt, [token])
+        # the prefill loop is profiled: one llama_decode per chunk, and the time between
+        paths = transfer.profile.paths
+        chunks = -(-len(prompt) // engine.session.chunk_tokens)
+        assert chunks >= 2
+        assert paths[TransferPath.PREFILL_DECODE].calls == chunks
+        assert paths[TransferPath.PREFILL_GAP].calls == chunks
+        assert paths[TransferPath.PREFILL_GAP].ms > 0
         engine.session.ctx.decode([token], len(prompt), [True])
         reference = engine.session.ctx.logits(-1)
         assert transfer.layout.v_trans is not flash_attn

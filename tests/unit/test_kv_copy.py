@@ -7,9 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvmem.engine.harvest_split import split_owned
+from kvmem.engine.harvest_split import owned_block, split_owned
 from kvmem.engine.kv_copy import native_copy
-from kvmem.engine.kv_transfer import owned_block
 from kvmem.engine.state_codec import (
     LayerLayout,
     StateLayout,

@@ -17,6 +17,7 @@ PATHS = (
     "copy_wait",
     "store_put",
     "state_build",
+    "staging_grow",  # part of state_get / state_build: (re)allocating the pinned buffer
     "state_set",
     "prefill_decode",  # llama_decode of the prefill chunks
     "prefill_gap",  # the caller between those decodes (includes harvest and eviction)

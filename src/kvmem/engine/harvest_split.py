@@ -1,7 +1,7 @@
 """The harvest copy-out in one native call: a parsed state blob into blocks that own their
 memory.
 
-`split_blocks` (state_codec) + `owned_block` (kv_transfer) are the numpy path and the
+`split_blocks` (state_codec) + `owned_block` (below) are the numpy path and the
 reference: group the cells by block (sorted by position), then copy each block's rows of
 every layer into one buffer of its own (all layers' K rows, then V rows). Here the same
 bytes land in the same places, but every copy is an op of one `CopyPlan`: per block, layer
@@ -19,8 +19,32 @@ import numpy as np
 
 from kvmem.memory.host_store import BlockKV
 
+from .block_buffers import BlockBuffers
 from .kv_copy import CopyPlan, address
 from .state_codec import SeqState
+
+
+def owned_block(block: BlockKV, buffers: BlockBuffers | None = None) -> BlockKV:
+    """A copy of `block` packed into one buffer of its own: K then V rows of every layer,
+    each array a view of that buffer (the state blob it came from may be reused). The
+    buffer comes from `buffers` (pages touched ahead) when given."""
+    arrays = [*block.k, *block.v]
+    n_bytes = sum(a.nbytes for a in arrays)
+    buf = buffers.take(n_bytes) if buffers is not None else np.empty(n_bytes, dtype=np.uint8)
+    views, at = [], 0
+    for a in arrays:
+        view = buf[at : at + a.nbytes].reshape(a.shape)  # uint8 [n_tokens, row_bytes]
+        view[...] = a
+        views.append(view)
+        at += a.nbytes
+    n_layer = len(block.k)
+    return BlockKV(
+        block_id=block.block_id,
+        positions=np.array(block.positions, dtype=np.int32),  # [n_tokens]
+        k=views[:n_layer],
+        v=views[n_layer:],
+        ext=None if block.ext is None else np.array(block.ext, order="C"),
+    )
 
 
 def split_owned(

@@ -26,7 +26,7 @@ from kvmem.memory.retrieval_index import BlockKeys, RetrievalIndex
 from .batch_rows import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ
 from .block_buffers import BlockBuffers, shared_buffers
 from .context import LlamaContext
-from .harvest_split import split_owned
+from .harvest_split import owned_block, split_owned
 from .host_staging import StagingBuffer
 from .hybrid_transfer import hybrid_blobs
 from .kv_copy import CopyPlan, NativeCopy, native_copy
@@ -56,29 +56,6 @@ class TransferResult:
     bytes: int
     ms: float
     block_ids: tuple[int, ...] = ()
-
-
-def owned_block(block: BlockKV, buffers: BlockBuffers | None = None) -> BlockKV:
-    """A copy of `block` packed into one buffer of its own: K then V rows of every layer,
-    each array a view of that buffer (the state blob it came from may be reused). The
-    buffer comes from `buffers` (pages touched ahead) when given."""
-    arrays = [*block.k, *block.v]
-    n_bytes = sum(a.nbytes for a in arrays)
-    buf = buffers.take(n_bytes) if buffers is not None else np.empty(n_bytes, dtype=np.uint8)
-    views, at = [], 0
-    for a in arrays:
-        view = buf[at : at + a.nbytes].reshape(a.shape)  # uint8 [n_tokens, row_bytes]
-        view[...] = a
-        views.append(view)
-        at += a.nbytes
-    n_layer = len(block.k)
-    return BlockKV(
-        block_id=block.block_id,
-        positions=np.array(block.positions, dtype=np.int32),  # [n_tokens]
-        k=views[:n_layer],
-        v=views[n_layer:],
-        ext=None if block.ext is None else np.array(block.ext, order="C"),
-    )
 
 
 def block_runs(block_ids: Sequence[int]) -> list[range]:
@@ -146,9 +123,10 @@ class KVTransfer:
             for run in runs:
                 self.ctx.seq_cp(MAIN_SEQ, HARVEST_SEQ, run.start * bt, run.stop * bt)
         try:
-            t_get = time.perf_counter()
+            t_get, grow = time.perf_counter(), self._grow_mark()
             blob = self.ctx.get_state(HARVEST_SEQ, staging=self.staging)
             prof.add(TransferPath.STATE_GET, (time.perf_counter() - t_get) * 1e3, len(blob))
+            self._note_grow(grow)
         finally:
             with prof.timed(TransferPath.SEQ_RM):
                 self.ctx.seq_rm(HARVEST_SEQ, -1, -1)
@@ -192,6 +170,16 @@ class KVTransfer:
         t0 = time.perf_counter()
         owned = [owned_block(b, self.buffers) for b in blocks]
         return owned, (time.perf_counter() - t0) * 1e3
+
+    def _grow_mark(self) -> tuple[float, int]:
+        staging = self.staging
+        return (staging.grow_ms, staging.grown_bytes) if staging is not None else (0.0, 0)
+
+    def _note_grow(self, mark: tuple[float, int]) -> None:
+        """Record a staging-buffer growth since `mark` (a _grow_mark) as STAGING_GROW."""
+        ms, n_bytes = self._grow_mark()
+        if n_bytes > mark[1]:
+            self.profile.add(TransferPath.STAGING_GROW, ms - mark[0], n_bytes - mark[1])
 
     def _take(self, n_bytes: int) -> np.ndarray:
         """uint8 [n_bytes] for a harvested block: touched ahead when there is a pool."""
@@ -262,6 +250,7 @@ class KVTransfer:
     def _restore_piece(self, blocks: list[BlockKV], starts: Mapping[int, int]) -> None:
         assert self.layout is not None
         prof = self.profile
+        grow = self._grow_mark()
         with prof.timed(TransferPath.STATE_BUILD, calls=len(blocks)):
             n_cells = sum(b.n_tokens for b in blocks)
             if self.hybrid is not None:  # keeps the main sequence's recurrent state
@@ -272,6 +261,7 @@ class KVTransfer:
                 blob = build_state(
                     self.layout, blocks, RESTORE_SEQ, out, copier=self.copier, native=self.native
                 )
+        self._note_grow(grow)
         with prof.timed(TransferPath.STATE_SET, len(blob)):
             self.ctx.set_state(blob, RESTORE_SEQ)
         bt = self.table.block_tokens
