@@ -144,7 +144,7 @@ def test_command_on_a_tiny_synthetic_model(
             "--gen-tokens",
             "16",
             "--configs",
-            "stock,kvmem,offload",
+            "stock,kvmem,kvmem-numpy,offload",
             "-t",
             "2",
             "--out",
@@ -162,12 +162,19 @@ def test_command_on_a_tiny_synthetic_model(
         ("stock", 1024, False),
         ("kvmem", 512, False),
         ("kvmem", 1024, False),
+        ("kvmem-numpy", 512, False),
+        ("kvmem-numpy", 1024, False),
         ("offload", 512, False),
         ("offload", 1024, False),
     ]
     for r in doc["results"]:
         assert r["generated_tokens"] == 16 and r["prompt_tokens"] == r["context"] - 16
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["decode_ratio_vs_window"] > 0
-    kvmem_1k = doc["results"][4]
+    kvmem_1k, numpy_1k = doc["results"][4], doc["results"][6]
     assert kvmem_1k["host_store_bytes"] > 0  # the history beyond the budget went to the host
+    # the native and the numpy copy path store the same history; the prefill loop is timed
+    assert numpy_1k["host_store_bytes"] == kvmem_1k["host_store_bytes"]
+    for r in (kvmem_1k, numpy_1k):
+        assert r["transfer"]["prefill_decode"]["calls"] == r["transfer"]["prefill_gap"]["calls"]
+        assert r["transfer"]["prefill_gap"]["calls"] >= 2
     assert kvmem_1k["gpu_cells_peak"] <= 512 + 256

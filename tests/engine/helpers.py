@@ -23,6 +23,7 @@ def make_engine(
     n_batch: int = 512,
     n_ubatch: int = 128,
     trace: io.StringIO | None = None,
+    flash_attn: bool = True,
 ) -> Engine:
     settings = EngineSettings(
         model_path=path,
@@ -32,6 +33,7 @@ def make_engine(
         n_threads=2,
         cache_types=KVCacheTypes.from_names(cache, cache),
         kvmem=kvmem or KVMemConfig(budget=4096, gen_reserve=512),
+        flash_attn=flash_attn,
     )
     return Engine(settings, trace_stream=trace)
 

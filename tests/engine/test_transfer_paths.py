@@ -139,3 +139,53 @@ def test_blocks_whose_copy_out_is_pending_can_be_evicted_and_restored(smollm2_pa
         assert transfer.profile.paths[TransferPath.COPY_OUT].calls >= 8  # 5 + these 3
     finally:
         engine.close()
+
+
+def _stored(engine) -> dict[int, bytes]:
+    store = engine.session.store
+    return {b: b"".join(a.tobytes() for a in [*store.get(b).k, *store.get(b).v]) for b in (1, 2, 3)}
+
+
+@pytest.mark.parametrize(
+    ("cache", "flash_attn"), [("f16", True), ("q8_0", True), ("q4_0", True), ("f16", False)]
+)
+def test_native_and_numpy_copies_are_bit_identical(smollm2_path, cache, flash_attn):
+    """The native copy-out and restore blob (kv_copy) against the numpy path: the same
+    stored bytes, and logits after evict + restore equal to a never-evicted context's (f16
+    without flash attention: V transposed in the blob)."""
+    engine = make_engine(
+        smollm2_path,
+        cache=cache,
+        flash_attn=flash_attn,
+        kvmem=KVMemConfig(budget=2048, gen_reserve=256),
+    )
+    transfer = engine.session.transfer
+    native = transfer.native
+    assert native is not None
+    try:
+        tokens = filler_tokens(engine, 5 * 128 + 10, seed=15)
+        prompt, token = tokens[:-1], tokens[-1]
+        engine.reset()
+        engine.teacher_force(prompt, [token])
+        # the prefill loop is profiled: one llama_decode per chunk, and the time between
+        paths = transfer.profile.paths
+        chunks = -(-len(prompt) // engine.session.chunk_tokens)
+        assert chunks >= 2
+        assert paths[TransferPath.PREFILL_DECODE].calls == chunks
+        assert paths[TransferPath.PREFILL_GAP].calls == chunks
+        assert paths[TransferPath.PREFILL_GAP].ms > 0
+        engine.session.ctx.decode([token], len(prompt), [True])
+        reference = engine.session.ctx.logits(-1)
+        assert transfer.layout.v_trans is not flash_attn
+        got = {}
+        for name, copy in (("numpy", None), ("native", native)):
+            transfer.native = copy
+            logits, writes = _logits_after(engine, prompt, token, transfer.staging)
+            transfer.flush()
+            got[name] = (logits, _stored(engine))
+            assert writes == 1
+        assert np.array_equal(got["native"][0], reference)
+        assert np.array_equal(got["numpy"][0], reference)
+        assert got["native"][1] == got["numpy"][1]
+    finally:
+        engine.close()

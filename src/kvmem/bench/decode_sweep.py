@@ -38,11 +38,17 @@ class SweepConfig(Enum):
     KVMEM = "kvmem"
     KVMEM_PYCB = "kvmem-pycb"  # KVMem with the eval callback in Python (no native gate)
     KVMEM_PLAIN = "kvmem-plain"  # KVMem without the reused (pinned) staging buffer
+    KVMEM_NUMPY = "kvmem-numpy"  # KVMem with the numpy copy path (no native kv_copy)
     OFFLOAD = "offload"
 
     @property
     def is_kvmem(self) -> bool:
-        return self in (SweepConfig.KVMEM, SweepConfig.KVMEM_PYCB, SweepConfig.KVMEM_PLAIN)
+        return self in (
+            SweepConfig.KVMEM,
+            SweepConfig.KVMEM_PYCB,
+            SweepConfig.KVMEM_PLAIN,
+            SweepConfig.KVMEM_NUMPY,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +206,7 @@ def engine_opener(settings: SweepSettings) -> Callable[[SweepPoint], BenchEngine
             gen_reserve=settings.gen_reserve,
         )
         n_ctx = point.context  # the prompt is context - gen_tokens: generation fills it exactly
-        return Engine(
+        engine = Engine(
             EngineSettings(
                 model_path=settings.model_path,
                 n_ctx=n_ctx,
@@ -218,6 +224,9 @@ def engine_opener(settings: SweepSettings) -> Callable[[SweepPoint], BenchEngine
                 staging_bytes=0 if point.config is SweepConfig.KVMEM_PLAIN else STAGING_BYTES,
             )
         )
+        if point.config is SweepConfig.KVMEM_NUMPY:
+            engine.session.transfer.native = None  # the fallback (as KVMEM_NATIVE_COPY=0)
+        return engine
 
     return open_engine
 
@@ -278,7 +287,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--configs",
         default="stock,kvmem",
         help="stock,kvmem,kvmem-pycb (eval callback in Python),kvmem-plain (no staging "
-        "buffer),offload",
+        "buffer),kvmem-numpy (numpy copy path, no native kv_copy),offload",
     )
     p.add_argument("--budget", type=strict_int, default=32768, help="KVMem budget (window size)")
     p.add_argument("--gen-reserve", type=strict_int, default=4096)

@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         synth_cli,
         synth_mmproj_cli,
         tools_bench,
+        transfer_copy,
         vision_bench,
     )
 
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         vision_bench,
         lanes_bench,
         score_cost,
+        transfer_copy,
     ):
         module.add_parser(subparsers)
     return parser

@@ -17,7 +17,10 @@ PATHS = (
     "copy_wait",
     "store_put",
     "state_build",
+    "staging_grow",  # part of state_get / state_build: (re)allocating the pinned buffer
     "state_set",
+    "prefill_decode",  # llama_decode of the prefill chunks
+    "prefill_gap",  # the caller between those decodes (includes harvest and eviction)
 )
 # the time harvest holds the caller: copy_out runs on the copy threads, copy_wait is the
 # part of it the caller waited for (all of it without copy threads)

@@ -2,26 +2,20 @@
 
 llama.cpp calls the eval callback for every graph node of every decode. With the gate,
 llama.cpp calls a C function that answers "not needed" at once unless armed, so decode
-steps outside the query pass never enter Python. The library is compiled once per source
-hash into the user's cache directory with the system C compiler (`cc`, which building
-llama-cpp-python from source needs anyway). Without a compiler the caller falls back to the
-plain Python callback and logs why.
+steps outside the query pass never enter Python. The library is built by native_lib
+(once per source hash, with `cc`). Without a compiler the caller falls back to the plain
+Python callback and logs why.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
+
+from .native_lib import load_native
 
 logger = logging.getLogger(__name__)
-
-_SOURCE = Path(__file__).with_name("native") / "eval_gate.c"
 
 
 class _GateState(ctypes.Structure):
@@ -67,44 +61,15 @@ class EvalGate:
         return int(self._state.forwarded)
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kvmem" / "native"
-
-
 def load_gate_library() -> ctypes.CDLL | None:
     """The compiled gate, building it if needed; None (with the reason logged) when no C
     compiler is available or the build fails. KVMEM_EVAL_GATE=0 turns the gate off."""
     if os.environ.get("KVMEM_EVAL_GATE", "1") == "0":
         logger.info("eval gate off (KVMEM_EVAL_GATE=0): the eval callback runs in Python")
         return None
-    source = _SOURCE.read_bytes()
-    digest = hashlib.sha256(source).hexdigest()[:16]
-    target = cache_dir() / f"eval_gate-{digest}.so"
-    if not target.exists():
-        error = _build(target)
-        if error is not None:
-            logger.warning("eval gate unavailable (%s): the eval callback runs in Python", error)
-            return None
-    lib = ctypes.CDLL(str(target))
+    lib = load_native("eval_gate")
+    if lib is None:
+        return None
     lib.kvmem_eval_gate.restype = ctypes.c_bool
     lib.kvmem_eval_gate.argtypes = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_void_p]
     return lib
-
-
-def _build(target: Path) -> str | None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return "no C compiler (cc) on PATH"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp) / target.name
-        cmd = [compiler, "-O2", "-shared", "-fPIC", "-o", str(out), str(_SOURCE)]
-        try:
-            run = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"{compiler} failed: {exc}"
-        if run.returncode != 0:
-            return f"{compiler} exited {run.returncode}: {run.stderr.strip()[:200]}"
-        os.replace(out, target)  # atomic: concurrent builders leave one complete file
-    return None

@@ -11,6 +11,7 @@ the next use: the caller (KVTransfer) owns that rule.
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
@@ -28,6 +29,8 @@ class StagingBuffer:
         self._handle: int | None = None
         self._array = np.empty(0, dtype=np.uint8)  # [capacity]
         self.pinned = False
+        self.grow_ms = 0.0  # time spent (re)allocating: page-locking a GiB takes a while
+        self.grown_bytes = 0  # bytes allocated by those growths
 
     @property
     def capacity(self) -> int:
@@ -40,7 +43,13 @@ class StagingBuffer:
         return self._array[:n_bytes]
 
     def _grow(self, n_bytes: int) -> None:
+        t0 = time.perf_counter()
         size = -(-n_bytes // _GRANULE) * _GRANULE
+        self._allocate(size)
+        self.grow_ms += (time.perf_counter() - t0) * 1e3
+        self.grown_bytes += size
+
+    def _allocate(self, size: int) -> None:
         self.close()
         got = self._alloc.alloc(size) if self._alloc is not None else None
         if got is not None:

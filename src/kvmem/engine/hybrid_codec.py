@@ -34,13 +34,13 @@ from .state_codec import (
     SeqState,
     StateLayout,
     StateReader,
-    StateWriter,
     ggml_type_of,
     kv_part_nbytes,
     read_header,
     read_kv_part,
     write_kv_part,
 )
+from .state_writer import StateWriter
 
 
 @dataclass(frozen=True, slots=True)

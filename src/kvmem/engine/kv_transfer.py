@@ -26,8 +26,10 @@ from kvmem.memory.retrieval_index import BlockKeys, RetrievalIndex
 from .batch_rows import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ
 from .block_buffers import BlockBuffers, shared_buffers
 from .context import LlamaContext
+from .harvest_split import owned_block, split_owned
 from .host_staging import StagingBuffer
 from .hybrid_transfer import hybrid_blobs
+from .kv_copy import CopyPlan, NativeCopy, native_copy
 from .llama_lib import host_buffer_allocator
 from .state_codec import StateLayout, build_state, kv_part_nbytes, parse_state, split_blocks
 from .transfer_profile import TransferPath, TransferProfile
@@ -39,8 +41,9 @@ STAGING_BYTES = 1 << 30  # the reused (pinned) blob buffer; larger restores go i
 
 
 def copy_threads() -> int:
-    """Threads for the copy-out and the restore blob: KVMEM_COPY_THREADS, else CPUs / 2
-    (at most 4). One means no copy threads: everything on the caller's thread."""
+    """Threads for the copy-out and the restore blob (the native copy's pthreads, or
+    numpy's copy threads): KVMEM_COPY_THREADS, else CPUs / 2 (at most 4). One means no
+    copy threads: everything on the caller's thread."""
     env = os.environ.get("KVMEM_COPY_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
@@ -53,29 +56,6 @@ class TransferResult:
     bytes: int
     ms: float
     block_ids: tuple[int, ...] = ()
-
-
-def owned_block(block: BlockKV, buffers: BlockBuffers | None = None) -> BlockKV:
-    """A copy of `block` packed into one buffer of its own: K then V rows of every layer,
-    each array a view of that buffer (the state blob it came from may be reused). The
-    buffer comes from `buffers` (pages touched ahead) when given."""
-    arrays = [*block.k, *block.v]
-    n_bytes = sum(a.nbytes for a in arrays)
-    buf = buffers.take(n_bytes) if buffers is not None else np.empty(n_bytes, dtype=np.uint8)
-    views, at = [], 0
-    for a in arrays:
-        view = buf[at : at + a.nbytes].reshape(a.shape)  # uint8 [n_tokens, row_bytes]
-        view[...] = a
-        views.append(view)
-        at += a.nbytes
-    n_layer = len(block.k)
-    return BlockKV(
-        block_id=block.block_id,
-        positions=np.array(block.positions, dtype=np.int32),  # [n_tokens]
-        k=views[:n_layer],
-        v=views[n_layer:],
-        ext=None if block.ext is None else np.array(block.ext, order="C"),
-    )
 
 
 def block_runs(block_ids: Sequence[int]) -> list[range]:
@@ -120,6 +100,8 @@ class KVTransfer:
         # pages touched ahead only where the copy-out runs beside the GPU (copy threads)
         self.buffers: BlockBuffers | None = shared_buffers() if staged and threads > 1 else None
         self.copier = ThreadPoolExecutor(threads, "kvmem-copy") if staged and threads > 1 else None
+        # the copy-out and the restore blob in one native call each (None: numpy, kv_copy)
+        self.native: NativeCopy | None = native_copy(threads)
         self._pending: list[Future[tuple[list[BlockKV], float]]] = []  # copy-outs running
         self._pending_ids: set[int] = set()
 
@@ -141,15 +123,24 @@ class KVTransfer:
             for run in runs:
                 self.ctx.seq_cp(MAIN_SEQ, HARVEST_SEQ, run.start * bt, run.stop * bt)
         try:
-            t_get = time.perf_counter()
+            t_get, grow = time.perf_counter(), self._grow_mark()
             blob = self.ctx.get_state(HARVEST_SEQ, staging=self.staging)
             prof.add(TransferPath.STATE_GET, (time.perf_counter() - t_get) * 1e3, len(blob))
+            self._note_grow(grow)
         finally:
             with prof.timed(TransferPath.SEQ_RM):
                 self.ctx.seq_rm(HARVEST_SEQ, -1, -1)
+        native = self.native
+        plan = native.plan() if native is not None else None
         with prof.timed(TransferPath.STATE_SPLIT, len(blob)):
-            state = self.hybrid.parse(blob) if self.hybrid else parse_state(blob)
-            views = split_blocks(state, bt)  # views of the staging buffer
+            if self.hybrid is not None:
+                state = self.hybrid.parse(blob)
+            else:
+                state = parse_state(blob, transpose_v=plan is None)
+            if plan is not None:  # blocks in their own buffers, filled when the plan runs
+                views = split_owned(state, bt, self._take, plan)
+            else:
+                views = split_blocks(state, bt)  # views of the staging buffer
         if sorted(b.block_id for b in views) != sorted(block_ids):
             raise KVTransferError(f"harvest of blocks {list(block_ids)} returned other cells")
         if any(len(b.positions) != bt for b in views):
@@ -157,7 +148,14 @@ class KVTransfer:
         self.layout = self.layout or state.layout
         n_bytes = sum(block.nbytes for block in views)
         # own copies: the blob lives in the staging buffer, reused by the next transfer
-        if self.copier is None:
+        if plan is not None and self.copier is None:
+            copy_ms = plan.run()
+            prof.add(TransferPath.COPY_WAIT, copy_ms)
+            self._put(views, copy_ms)
+        elif plan is not None:  # one native call on a copy thread (it releases the GIL)
+            self._pending = [self.copier.submit(self._ran, plan, views)]
+            self._pending_ids = {b.block_id for b in views}
+        elif self.copier is None:
             owned, copy_ms = self._copied(views)
             prof.add(TransferPath.COPY_WAIT, copy_ms)  # on this thread: all of it waited for
             self._put(owned, copy_ms)
@@ -172,6 +170,27 @@ class KVTransfer:
         t0 = time.perf_counter()
         owned = [owned_block(b, self.buffers) for b in blocks]
         return owned, (time.perf_counter() - t0) * 1e3
+
+    def _grow_mark(self) -> tuple[float, int]:
+        staging = self.staging
+        return (staging.grow_ms, staging.grown_bytes) if staging is not None else (0.0, 0)
+
+    def _note_grow(self, mark: tuple[float, int]) -> None:
+        """Record a staging-buffer growth since `mark` (a _grow_mark) as STAGING_GROW."""
+        ms, n_bytes = self._grow_mark()
+        if n_bytes > mark[1]:
+            self.profile.add(TransferPath.STAGING_GROW, ms - mark[0], n_bytes - mark[1])
+
+    def _take(self, n_bytes: int) -> np.ndarray:
+        """uint8 [n_bytes] for a harvested block: touched ahead when there is a pool."""
+        if self.buffers is not None:
+            return self.buffers.take(n_bytes)
+        return np.empty(n_bytes, dtype=np.uint8)  # [n_bytes]
+
+    @staticmethod
+    def _ran(plan: CopyPlan, blocks: list[BlockKV]) -> tuple[list[BlockKV], float]:
+        """`blocks` once `plan` (their copy-out) has run, and the ms it took."""
+        return blocks, plan.run()
 
     def flush(self) -> None:
         """Put the blocks of copy-outs still running into the store (waiting for them)."""
@@ -231,6 +250,7 @@ class KVTransfer:
     def _restore_piece(self, blocks: list[BlockKV], starts: Mapping[int, int]) -> None:
         assert self.layout is not None
         prof = self.profile
+        grow = self._grow_mark()
         with prof.timed(TransferPath.STATE_BUILD, calls=len(blocks)):
             n_cells = sum(b.n_tokens for b in blocks)
             if self.hybrid is not None:  # keeps the main sequence's recurrent state
@@ -238,7 +258,10 @@ class KVTransfer:
             else:
                 size = 8 + kv_part_nbytes(self.layout, n_cells)
                 out = self.staging.view(size) if self.staging is not None else None
-                blob = build_state(self.layout, blocks, RESTORE_SEQ, out=out, copier=self.copier)
+                blob = build_state(
+                    self.layout, blocks, RESTORE_SEQ, out, copier=self.copier, native=self.native
+                )
+        self._note_grow(grow)
         with prof.timed(TransferPath.STATE_SET, len(blob)):
             self.ctx.set_state(blob, RESTORE_SEQ)
         bt = self.table.block_tokens

@@ -35,6 +35,7 @@ from .replay_ssm import ReplaySSM
 from .sampler import Sampler, SamplingParams
 from .spec_decode import SpecDecoder
 from .trace import FinishReason, TraceKind, Tracer, TurnStats
+from .transfer_profile import TransferPath
 from .window import GpuWindow
 
 logger = logging.getLogger(__name__)
@@ -355,7 +356,9 @@ class KVMemSession:
         rows: list[np.ndarray] = []
         captured: dict[TokenSpan, dict[int, list[np.ndarray]]] = {}
         c0 = 0
+        prof = self.transfer.profile if spans is not None else None  # prefill: time the loop
         while c0 < len(tokens):
+            t_loop = time.perf_counter()
             pos = self.table.n_tokens
             size = (
                 self.chunk_tokens - pos % self.chunk_tokens
@@ -374,7 +377,9 @@ class KVMemSession:
             self.window.note_decode()
             live = [s for s in capture if pos < s.end and pos + len(chunk) > s.start]
             last = c0 + len(chunk) == len(tokens)
+            t_decode = time.perf_counter()
             got = self._decode_chunk(chunk, pos, want_all_logits, last, bool(live))
+            decode_ms = (time.perf_counter() - t_decode) * 1e3
             for span in live:
                 lo, hi = max(span.start, pos) - pos, min(span.end, pos + len(chunk)) - pos
                 for layer, data in got.items():
@@ -385,6 +390,10 @@ class KVMemSession:
             if self.ssm is not None:
                 self.ssm.after_decode(self.table.n_tokens)
             c0 += len(chunk)
+            if prof is not None:
+                prof.add(TransferPath.PREFILL_DECODE, decode_ms)
+                loop_ms = (time.perf_counter() - t_loop) * 1e3
+                prof.add(TransferPath.PREFILL_GAP, loop_ms - decode_ms)
         if spans is not None:
             return {s: {k: np.concatenate(v) for k, v in d.items()} for s, d in captured.items()}
         return rows

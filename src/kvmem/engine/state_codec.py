@@ -24,8 +24,8 @@ same way.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future
+from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +33,9 @@ import numpy as np
 from kvmem.errors import StateFormatError
 from kvmem.memory.ggml_types import GgmlType
 from kvmem.memory.host_store import BlockKV
+
+from .kv_copy import NativeCopy
+from .state_writer import StateWriter
 
 STATE_MAGIC = 0xAF143CD8
 CELL_EXT_INTS = 3  # llama_kv_cell_ext: x, y, tok
@@ -63,8 +66,11 @@ class SeqState:
     layout: StateLayout
     positions: np.ndarray  # int32 [n_cells], in cache order
     k: list[np.ndarray]  # per layer, uint8 [n_cells, k_row_bytes]
-    v: list[np.ndarray]  # per layer, uint8 [n_cells, v_row_bytes]
+    v: list[np.ndarray]  # per layer, uint8 [n_cells, v_row_bytes]; empty when v_cols is set
     ext: np.ndarray | None = None  # int32 [n_cells, 3] (x, y, tok) when layout.cell_ext
+    # per layer, uint8 [n_embd_v, n_cells, el]: transposed V as the blob holds it (views),
+    # when parsed with transpose_v=False (the native harvest split reads it directly)
+    v_cols: list[np.ndarray] | None = None
 
 
 class StateReader:
@@ -107,12 +113,15 @@ def read_header(r: StateReader) -> int:
     return int(seq_id)
 
 
-def parse_state(blob: bytes | memoryview, *, cell_ext: bool = False) -> SeqState:
+def parse_state(
+    blob: bytes | memoryview, *, cell_ext: bool = False, transpose_v: bool = True
+) -> SeqState:
     """Parse a blob from llama_state_seq_get_data of a plain KV cache; refuses layouts it
-    does not know (a hybrid blob: use hybrid_codec.parse_hybrid_state)."""
+    does not know (a hybrid blob: use hybrid_codec.parse_hybrid_state). With
+    transpose_v=False, transposed V stays in the blob (`SeqState.v_cols`)."""
     r = StateReader(blob)
     read_header(r)
-    state = read_kv_part(r, cell_ext)
+    state = read_kv_part(r, cell_ext, transpose_v)
     if r.left:
         raise StateFormatError(
             f"{r.left} unexpected bytes after the KV data (hybrid or recurrent memory?)"
@@ -120,7 +129,7 @@ def parse_state(blob: bytes | memoryview, *, cell_ext: bool = False) -> SeqState
     return state
 
 
-def read_kv_part(r: StateReader, cell_ext: bool) -> SeqState:
+def read_kv_part(r: StateReader, cell_ext: bool, transpose_v: bool = True) -> SeqState:
     """The attention-cache part of a blob, from `u32 n_stream` on."""
     (n_stream,) = r.unpack("<I")
     if n_stream != 1:
@@ -147,20 +156,23 @@ def read_kv_part(r: StateReader, cell_ext: bool) -> SeqState:
         k_type, k_row = r.unpack("<iQ")
         k_meta.append((ggml_type_of(k_type), k_row))
         k_rows.append(r.array(n_cells * k_row).reshape(n_cells, k_row))
-    v_rows, layers = [], []
+    v_rows, v_cols, layers = [], [], []
     for k_type, k_row in k_meta:
         if v_trans:
             v_type, el, n_embd_v = r.unpack("<iII")
             data = r.array(n_embd_v * n_cells * el).reshape(n_embd_v, n_cells, el)
-            rows = np.ascontiguousarray(data.transpose(1, 0, 2)).reshape(n_cells, n_embd_v * el)
             layers.append(LayerLayout(k_type, k_row, ggml_type_of(v_type), n_embd_v * el, el))
+            if not transpose_v:
+                v_cols.append(data)
+                continue
+            rows = np.ascontiguousarray(data.transpose(1, 0, 2)).reshape(n_cells, n_embd_v * el)
         else:
             v_type, v_row = r.unpack("<iQ")
             rows = r.array(n_cells * v_row).reshape(n_cells, v_row)
             layers.append(LayerLayout(k_type, k_row, ggml_type_of(v_type), v_row, 0))
         v_rows.append(rows)
     layout = StateLayout(bool(v_trans), tuple(layers), cell_ext)
-    return SeqState(layout, positions, k_rows, v_rows, ext)
+    return SeqState(layout, positions, k_rows, v_rows, ext, v_cols if v_cols else None)
 
 
 def split_blocks(state: SeqState, block_tokens: int) -> list[BlockKV]:
@@ -201,18 +213,20 @@ def build_state(
     seq_id: int,
     out: np.ndarray | None = None,
     copier: Executor | None = None,
+    native: NativeCopy | None = None,
 ) -> np.ndarray:
     """A blob that `llama_state_seq_set_data` restores as the cells of `blocks`: uint8
     [n_bytes], written in place (each K/V byte is copied once, straight into the blob);
-    into `out` (uint8, exactly that size) when given. With `copier`, the K/V sections
-    are copied on its threads (the bytes are the same)."""
+    into `out` (uint8, exactly that size) when given. With `native`, every K/V section is
+    copied in one native call (kv_copy); else with `copier`, on its threads (the bytes are
+    the same)."""
     n_cells = sum(b.n_tokens for b in blocks)
     n_bytes = 8 + kv_part_nbytes(layout, n_cells)
     if out is None:
         out = np.empty(n_bytes, dtype=np.uint8)  # [n_bytes]
     elif out.shape != (n_bytes,) or out.dtype != np.uint8:
         raise StateFormatError(f"blob buffer of {out.shape} for a {n_bytes}-byte state")
-    writer = StateWriter(out, copier)
+    writer = StateWriter(out, copier, native)
     writer.put(struct.pack("<Ii", STATE_MAGIC, seq_id))
     try:
         write_kv_part(writer, layout, blocks, seq_id)
@@ -268,56 +282,7 @@ def write_kv_part(
         if layout.v_trans:
             n_embd_v = lay.v_row_bytes // lay.v_el_bytes
             writer.put(struct.pack("<iII", int(lay.v_type), lay.v_el_bytes, n_embd_v))
-            dst = writer.view(n_cells * lay.v_row_bytes)  # [n_embd_v * n_cells * el]
-            writer.defer(_transpose_v, dst, [b.v[i] for b in blocks], n_embd_v, lay.v_el_bytes)
+            writer.columns([b.v[i] for b in blocks], n_cells, lay.v_row_bytes, lay.v_el_bytes)
         else:
             writer.put(struct.pack("<iQ", int(lay.v_type), lay.v_row_bytes))
             writer.rows([b.v[i] for b in blocks], n_cells, lay.v_row_bytes)
-
-
-def _transpose_v(dst: np.ndarray, parts: Sequence[np.ndarray], n_embd_v: int, el: int) -> None:
-    """Write V rows (cells x channels) transposed (channels x cells), as llama.cpp stores V
-    without flash attention."""
-    rows = np.concatenate(parts)  # [n_cells, v_row_bytes]
-    n_cells = len(rows)
-    data = rows.reshape(n_cells, n_embd_v, el).transpose(1, 0, 2)  # [n_embd_v, n_cells, el]
-    dst.reshape(n_embd_v, n_cells, el)[...] = data
-
-
-def _concat_rows(dst: np.ndarray, parts: Sequence[np.ndarray]) -> None:
-    np.concatenate(parts, out=dst)
-
-
-class StateWriter:
-    """Sequential writes into a preallocated blob. The large row sections can be deferred
-    to a thread pool (`copier`); `finish` waits for them."""
-
-    def __init__(self, out: np.ndarray, copier: Executor | None = None) -> None:
-        self.out = out  # uint8 [n_bytes]
-        self.at = 0
-        self._copier = copier
-        self._jobs: list[Future[None]] = []
-
-    def defer(self, fn: Callable[..., None], *args: object) -> None:
-        """Run fn(*args) now, or on the copier's threads when there is one."""
-        if self._copier is None:
-            fn(*args)
-        else:
-            self._jobs.append(self._copier.submit(fn, *args))
-
-    def finish(self) -> None:
-        jobs, self._jobs = self._jobs, []
-        for job in jobs:
-            job.result()
-
-    def view(self, n: int) -> np.ndarray:
-        v = self.out[self.at : self.at + n]  # [n]
-        self.at += n
-        return v
-
-    def put(self, data: bytes) -> None:
-        self.view(len(data))[:] = np.frombuffer(data, dtype=np.uint8)
-
-    def rows(self, parts: Sequence[np.ndarray], n_cells: int, row_bytes: int) -> None:
-        dst = self.view(n_cells * row_bytes).reshape(n_cells, row_bytes)  # [n_cells, row]
-        self.defer(_concat_rows, dst, list(parts))

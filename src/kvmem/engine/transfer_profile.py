@@ -25,11 +25,17 @@ class TransferPath(Enum):
     STORE_PUT = "store_put"  # blocks into the host store
     INDEX_ADD = "index_add"  # handing blocks to the retrieval index (summaries run async)
     STATE_BUILD = "state_build"  # the restore blob assembled from host blocks
+    # (re)allocating the staging buffer (pinned on a GPU), inside state_get / state_build
+    STAGING_GROW = "staging_grow"
     STATE_SET = "state_set"  # llama_state_seq_set_data: host blob -> device
     SEQ_CP = "seq_cp"
     SEQ_RM = "seq_rm"
     SEQ_ADD = "seq_add"
     CAPTURE = "capture"  # eval-callback calls (every graph node) and query reads
+    PREFILL_DECODE = "prefill_decode"  # llama_decode of prefill chunks (wall, on the caller)
+    # the caller's time in the prefill loop outside llama_decode: streaming the window
+    # (harvest and evict, also timed above), table bookkeeping, waiting for the GIL
+    PREFILL_GAP = "prefill_gap"
 
 
 @dataclass(slots=True)
