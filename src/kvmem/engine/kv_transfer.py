@@ -115,6 +115,7 @@ class KVTransfer:
             StagingBuffer(host_buffer_allocator(), staging_bytes) if staging_bytes > 0 else None
         )
         self.hybrid = hybrid_blobs(ctx)  # hybrid memory: attention blocks only (hybrid_transfer)
+        self.cell_ext = ctx.model.kv_cell_ext  # M-RoPE cells (an MTP draft context's)
         # the staged path copies on copy_threads() threads into buffers touched ahead
         staged, threads = self.staging is not None, copy_threads()
         # pages touched ahead only where the copy-out runs beside the GPU (copy threads)
@@ -148,7 +149,11 @@ class KVTransfer:
             with prof.timed(TransferPath.SEQ_RM):
                 self.ctx.seq_rm(HARVEST_SEQ, -1, -1)
         with prof.timed(TransferPath.STATE_SPLIT, len(blob)):
-            state = self.hybrid.parse(blob) if self.hybrid else parse_state(blob)
+            state = (
+                self.hybrid.parse(blob)
+                if self.hybrid
+                else parse_state(blob, cell_ext=self.cell_ext)
+            )
             views = split_blocks(state, bt)  # views of the staging buffer
         if sorted(b.block_id for b in views) != sorted(block_ids):
             raise KVTransferError(f"harvest of blocks {list(block_ids)} returned other cells")
@@ -165,6 +170,7 @@ class KVTransfer:
             self._pending = [self.copier.submit(self._copied, [b]) for b in views]
             self._pending_ids = {b.block_id for b in views}
         ids = tuple(b.block_id for b in views)
+        self.ctx.blocks_harvested(ids, bt)
         return TransferResult(len(views), n_bytes, (time.perf_counter() - t0) * 1e3, ids)
 
     def _copied(self, blocks: list[BlockKV]) -> tuple[list[BlockKV], float]:
@@ -207,6 +213,10 @@ class KVTransfer:
         blocks: list[BlockKV] = [self.store.get(b) for b in sorted(block_ids)]
         for piece in self._pieces(blocks):
             self._restore_piece(piece, starts or {})
+        bt = self.table.block_tokens
+        self.ctx.blocks_restored(
+            {b.block_id: (starts or {}).get(b.block_id, b.block_id * bt) for b in blocks}, bt
+        )
         n_bytes = sum(b.nbytes for b in blocks)
         self.store.stats.bytes_out += n_bytes
         ids = tuple(b.block_id for b in blocks)
