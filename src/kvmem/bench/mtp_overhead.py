@@ -7,13 +7,14 @@ acceptance. A step with a draft costs the catch-up of the draft context over the
 the steps before it, n_draft single-row draft decodes of the nextn layer, and the
 verification of the rejected drafts (a batch of 1 + n_draft rows, and on a hybrid the
 recurrent-state snapshot and rewind); with the draft gate (default on) most steps are kept
-plain, and those cost a row copy (the draft context decodes nothing then, except one
-catch-up per completed block). Both runs go through the KVMem session (the same window
-settings); the greedy outputs must be identical. `--repeat N` runs each mode N times,
-interleaved, and keeps the fastest decode of each (for noisy machines). The table's "kept
-plain" counts the steps the gate did not draft, "draft decodes" the draft context's
+plain, and those cost a row copy (the draft context decodes nothing then). Both runs go
+through the KVMem session (the same window settings); the greedy outputs must be identical.
+`--gate closed` keeps every step plain, so the ratio is what following the target alone
+costs (1.0 is the goal); `--gate off` drafts every step. `--repeat N` runs each mode N
+times, interleaved, and keeps the fastest decode of each (for noisy machines). The table's
+"kept plain" counts the steps the gate did not draft, "draft decodes" the draft context's
 llama_decode calls (prefill chunks included).
-""""""
+"""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from kvmem.bench.report import add_run_arguments, format_table, machine_descript
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.config import KVMemConfig
 from kvmem.engine import Engine, EngineSettings
+from kvmem.engine.draft_gate import DraftGate
 from kvmem.engine.model import LlamaModel, resolve_model_path
 from kvmem.engine.nextn_meta import check_mtp_head
 from kvmem.engine.sampler import SamplingParams
@@ -48,6 +50,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--repeat", type=strict_int, default=1, help="runs of each, interleaved; the fastest kept"
     )
+    p.add_argument(
+        "--gate",
+        choices=("on", "off", "closed"),
+        default="on",
+        help="the draft gate: on (--spec-gate, the default), off (every step drafts), "
+        "closed (no step drafts: what following the target costs)",
+    )
     add_run_arguments(p)
     p.set_defaults(handler=run)
 
@@ -56,8 +65,21 @@ def _prompt(n: int, n_vocab: int) -> list[int]:
     return [1 + (7919 * i + 13) % (n_vocab - 2) for i in range(n)]
 
 
-def _decode(engine: Engine, prompt: list[int], max_tokens: int) -> tuple[list[int], dict]:
+class ClosedGate(DraftGate):
+    """A draft gate that keeps every step plain (`--gate closed`)."""
+
+    def wants_draft(self) -> bool:
+        self.steps += 1
+        self.skipped += 1
+        return False
+
+
+def _decode(
+    engine: Engine, prompt: list[int], max_tokens: int, closed: bool
+) -> tuple[list[int], dict]:
     """One greedy turn on a fresh engine: its output and decode numbers."""
+    if closed and engine.session.spec is not None:
+        engine.session.spec.gate = ClosedGate()
     try:
         out = list(engine.generate(prompt, sampling=GREEDY, max_tokens=max_tokens))
         st = engine.last_turn
@@ -88,7 +110,9 @@ def run(ns: argparse.Namespace) -> int:
             raise ConfigError(flag, f"must be positive, got {value}")
     path = resolve_model_path(ns.model)
     check_mtp_head(path)
-    spec = SpecConfig(SpecType.MTP, ns.n_draft, SPEC_KV_TYPES[ns.spec_kv_dtype])
+    spec = SpecConfig(
+        SpecType.MTP, ns.n_draft, SPEC_KV_TYPES[ns.spec_kv_dtype], gate=ns.gate != "off"
+    )
     spec.validate()
     base = EngineSettings(
         model_path=path,
@@ -110,7 +134,8 @@ def run(ns: argparse.Namespace) -> int:
                 ("plain", base),
                 ("draft-mtp", dataclasses.replace(base, spec=spec)),
             ):
-                out, result = _decode(Engine(settings, model=model), prompt, ns.max_tokens)
+                engine = Engine(settings, model=model)
+                out, result = _decode(engine, prompt, ns.max_tokens, ns.gate == "closed")
                 repeatable = repeatable and outputs.setdefault(name, out) == out
                 if name not in runs or result["decode_ms"] < runs[name]["decode_ms"]:
                     runs[name] = result
@@ -137,7 +162,7 @@ def run(ns: argparse.Namespace) -> int:
     headers.append("draft decodes")
     title = (
         f"prompt {ns.prompt_tokens} tokens, greedy, n_draft {ns.n_draft}, {ns.spec_kv_dtype}, "
-        f"fastest of {ns.repeat}"
+        f"gate {ns.gate}, fastest of {ns.repeat}"
     )
     print(format_table(headers, rows, title=title))
     print(

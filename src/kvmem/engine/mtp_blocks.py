@@ -10,6 +10,9 @@ Both go through a KVTransfer over the draft context (its plain attention cache o
 nextn layer), so the copy in and out is the window's own code. A block whose cells the
 draft context does not hold in full (a backlog gap) gets no copy, and a block without a
 copy is not restored: draft quality only, since every draft is verified by the target.
+A block the target harvests while its last rows are still in the drafter's backlog (the
+draft gate kept the steps plain) is copied after the next catch-up, so that a plain step
+never decodes on the draft context; if the target evicts it before then, it has no copy.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class MtpBlocks:
         self.store = HostStore()
         self._transfer: KVTransfer | None = None  # made on the first harvest (block size)
         self.restored = 0  # blocks restored into the draft context
+        self.deferred: set[int] = set()  # harvested by the target while in the backlog
+        self._bt = 0  # block size, from the first harvest
 
     def _kv(self, block_tokens: int) -> KVTransfer:
         if self._transfer is None:
@@ -44,13 +49,24 @@ class MtpBlocks:
             self._transfer = KVTransfer(self.ctx, table, self.store, None, staging_bytes=0)
         return self._transfer
 
-    def harvest(self, block_ids: Sequence[int], block_tokens: int) -> None:
-        """Copy the blocks the target harvested (their own positions) when complete here."""
+    def harvest(self, block_ids: Sequence[int], block_tokens: int, backlog_from: int) -> None:
+        """Copy the blocks the target harvested (their own positions) when complete here;
+        blocks with rows at or after `backlog_from` (still in the backlog) wait for the
+        next catch-up (`harvest_deferred`)."""
         bt = block_tokens
-        whole = [b for b in block_ids if self.mirrored.covers(b * bt, (b + 1) * bt)]
-        self.store.drop(b for b in block_ids if b not in set(whole))  # stale copies go
+        self._bt = bt
+        self.store.drop(block_ids)  # older copies are stale
+        now = [b for b in block_ids if (b + 1) * bt <= backlog_from]
+        self.deferred.update(b for b in block_ids if (b + 1) * bt > backlog_from)
+        whole = [b for b in now if self.mirrored.covers(b * bt, (b + 1) * bt)]
         if whole:
             self._kv(bt).harvest(whole)
+
+    def harvest_deferred(self) -> None:
+        """After a catch-up: copy the deferred blocks whose cells are all here now."""
+        if self.deferred:
+            deferred, self.deferred = sorted(self.deferred), set()
+            self.harvest(deferred, self._bt, backlog_from=1 << 62)
 
     def restore(self, starts: Mapping[int, int], block_tokens: int) -> None:
         """Copy in the blocks the target restored, at the same first positions."""
@@ -69,10 +85,9 @@ class MtpBlocks:
 
     def drop_from(self, pos: int) -> None:
         """The tokens from `pos` on were cut (p < 0: all): their blocks' copies go."""
-        if self._transfer is None:
-            return
-        bt = self._transfer.table.block_tokens
-        self.store.drop([b for b in self.store.block_ids() if pos < 0 or (b + 1) * bt > pos])
+        gone = [b for b in self.store.block_ids() if pos < 0 or (b + 1) * self._bt > pos]
+        self.store.drop(gone)
+        self.deferred = {b for b in self.deferred if pos >= 0 and (b + 1) * self._bt <= pos}
 
     def close(self) -> None:
         if self._transfer is not None:

@@ -23,9 +23,9 @@ Following the target (this object is the target context's MainSeqObserver):
   cells) and `seq_add` (block moves) is applied to the draft context and the backlog;
 - the draft KV follows the window (mtp_blocks.MtpBlocks): when the target harvests a
   block, the drafter copies that block's nextn K/V from the draft context to a host copy
-  of its own (catching up first if the block's rows are still in the backlog); when the
-  target restores blocks, the same blocks are restored into the draft context at the same
-  positions.
+  of its own (after the next catch-up if the block's rows are still in the backlog); when
+  the target restores blocks, the same blocks are restored into the draft context at the
+  same positions.
 The draft context's cells never enter the target's host store. Gaps (a dropped backlog, a
 block without a copy) cost draft quality only: every draft is verified by the target.
 """
@@ -46,13 +46,14 @@ from kvmem.memory.ggml_types import GgmlType
 
 from .batch_rows import MAIN_SEQ
 from .context import ContextSettings, LlamaContext
+from .draft_gate import PROBE_MAX
 from .model import LlamaModel
 from .mtp_blocks import MtpBlocks
 
 logger = logging.getLogger(__name__)
 
 _H_KEEP = 64  # hidden states of the newest positions kept (a tail cut needs h_{p0-1})
-BACKLOG_ROWS = 512  # rows of plain steps held for the next catch-up
+BACKLOG_ROWS = PROBE_MAX  # rows of plain steps held: the longest gap between two probes
 
 
 class MtpDrafter:
@@ -85,7 +86,12 @@ class MtpDrafter:
         self._embd = np.zeros((n, self.n_embd), dtype=np.float32)  # [n_batch, n_embd]
         self._raw = self.ctx._batch.raw
         self._raw.embd = self._embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        self._h: dict[int, np.ndarray] = {}  # position -> trunk h_nextn [n_embd]
+        # the trunk's h_nextn of the newest positions, slot = position % _H_KEEP
+        self._h_rows = np.zeros((_H_KEEP, self.n_embd), dtype=np.float32)  # [_H_KEEP, n_embd]
+        self._h_pos = np.full(_H_KEEP, -1, dtype=np.int64)  # [_H_KEEP] position of each slot
+        self._step_h = np.zeros((n_max + 1, self.n_embd), dtype=np.float32)  # [n_max+1, n_embd]
+        self._step_h_addr = self._step_h.ctypes.data
+        self._step_rows = np.zeros_like(self._step_h)  # [n_max + 1, n_embd]
         self.backlog = DraftBacklog(BACKLOG_ROWS)  # steps' rows, mirrored at the next draft
         self.mirrored = PositionSet()  # positions whose cells hold the target's rows
         self.blocks = MtpBlocks(self.ctx, self.mirrored)
@@ -102,26 +108,41 @@ class MtpDrafter:
         ptr = llama_cpp_ext.llama_get_embeddings_nextn(ctx.ptr)
         if not ptr:
             raise DecodeError("the target context gave no nextn hidden states")
-        h = np.ctypeslib.as_array(ptr, shape=(n, self.n_embd))  # [n, n_embd], a view
         # the rows pair x_p with h_{p-1}: the batch's first token with the row kept from
         # before (a zero row when there is none), the others with the batch's own rows
-        prev = self._h.get(start_pos - 1)
+        prev = self._h_row(start_pos - 1)
         if n > self.n_max + 1:  # a prefill chunk: mirrored now, straight from the target
+            h = np.ctypeslib.as_array(ptr, shape=(n, self.n_embd))  # [n, n_embd], a view
             self.catch_up()
             self._embd[0] = prev if prev is not None else 0.0
             self._embd[1:n] = h[: n - 1]
             self._decode(tokens, start_pos, n_mirrored=n, logits=False)
         else:  # a step's batch waits in the backlog (its rejected rows are cut first)
-            rows = np.empty((n, self.n_embd), dtype=np.float32)  # [n, n_embd]
+            h = self._step_h[:n]  # [n, n_embd]: a copy of the target's rows
+            ctypes.memmove(self._step_h_addr, ptr, h.nbytes)
+            rows = self._step_rows[:n]  # [n, n_embd]
             rows[0] = prev if prev is not None else 0.0
             rows[1:] = h[: n - 1]
             self.backlog.add(tokens, start_pos, rows)
-        for i in range(max(0, n - _H_KEEP), n):
-            self._h[start_pos + i] = h[i].copy()
-        if len(self._h) > 2 * _H_KEEP:
-            for pos in sorted(self._h)[: len(self._h) - _H_KEEP]:
-                del self._h[pos]
+        self._keep_h(h, start_pos)
         self.last_pos = start_pos + n - 1
+
+    def _h_row(self, pos: int) -> np.ndarray | None:
+        """The trunk's h_nextn of position `pos` when kept: [n_embd], a view."""
+        slot = pos % _H_KEEP
+        return self._h_rows[slot] if pos >= 0 and self._h_pos[slot] == pos else None
+
+    def _keep_h(self, h: np.ndarray, start_pos: int) -> None:
+        """Keep the newest rows of h (float32 [n, n_embd], positions start_pos ..)."""
+        n = len(h)
+        if n == 1:
+            slot = start_pos % _H_KEEP
+            self._h_rows[slot] = h[0]
+            self._h_pos[slot] = start_pos
+            return
+        pos = np.arange(max(start_pos, start_pos + n - _H_KEEP), start_pos + n)  # [n_kept]
+        self._h_rows[pos % _H_KEEP] = h[pos - start_pos]
+        self._h_pos[pos % _H_KEEP] = pos
 
     def after_seq_rm(self, p0: int, p1: int) -> None:
         start = max(p0, 0)
@@ -132,13 +153,10 @@ class MtpDrafter:
             self.backlog.remove(start, p1)
         self.mirrored.discard(start, p1)
         llama_cpp.llama_memory_seq_rm(self.ctx.mem, MAIN_SEQ, p0, p1)
+        kept = self._h_pos  # [_H_KEEP]
+        kept[(kept >= start) & ((kept < p1) | (p1 < 0))] = -1
         if p1 < 0:  # the newest position is p0 - 1
-            for pos in [p for p in self._h if p >= start]:
-                del self._h[pos]
             self.last_pos = start - 1
-        else:
-            for pos in range(start, p1):
-                self._h.pop(pos, None)
 
     def after_seq_add(self, p0: int, p1: int, delta: int) -> None:
         self.backlog.shift(p0, p1, delta)
@@ -147,11 +165,12 @@ class MtpDrafter:
 
     def after_harvest(self, block_ids: Sequence[int], block_tokens: int) -> None:
         first = self.backlog.first_pos
-        if first is not None and first < (max(block_ids) + 1) * block_tokens:
-            self.catch_up()  # the blocks' last rows are still in the backlog
-        self.blocks.harvest(block_ids, block_tokens)
+        self.blocks.harvest(block_ids, block_tokens, self.last_pos + 1 if first is None else first)
 
     def after_restore(self, starts: Mapping[int, int], block_tokens: int) -> None:
+        first = self.backlog.first_pos
+        if first is not None and first < max(starts.values()) + block_tokens:
+            self.catch_up()  # a catch-up from below the blocks would remove them again
         self.blocks.restore(starts, block_tokens)
 
     def catch_up(self, first_draft: tuple[int, int, np.ndarray] | None = None) -> None:
@@ -174,13 +193,14 @@ class MtpDrafter:
             pos, token, h = first_draft
             self._embd[0] = h
             self._decode([token], pos, n_mirrored=1, logits=True)
+        self.blocks.harvest_deferred()
 
     # drafting --------------------------------------------------------------------------
     def __call__(self, history: np.ndarray, n: int) -> list[int]:
         """Up to n tokens after history[-1] (sampled, not yet decoded, at position
         len(history) - 1): greedy over the MTP head's logits, one row per token."""
         pos = len(history) - 1
-        h = self._h.get(pos - 1)
+        h = self._h_row(pos - 1)
         if n <= 0 or h is None or self.last_pos != pos - 1:
             return []
         token = int(history[-1])

@@ -47,7 +47,8 @@ class DraftBacklog:
     def add(self, tokens: Sequence[int], start_pos: int, rows: np.ndarray) -> None:
         """Rows of tokens at start_pos ..; held rows at or after start_pos go first."""
         n = len(tokens)
-        self.cut(start_pos)
+        if self.n_rows and self._pos[self.n_rows - 1] >= start_pos:
+            self.cut(start_pos)
         if self._rows is None:
             self._rows = np.zeros((self.max_rows, rows.shape[1]), dtype=np.float32)
         if n > self.max_rows:  # keep the newest rows
@@ -57,10 +58,11 @@ class DraftBacklog:
         if self.n_rows + n > self.max_rows:
             self.dropped_rows += self.n_rows
             self.n_rows = 0
-        at = slice(self.n_rows, self.n_rows + n)
-        self._pos[at] = np.arange(start_pos, start_pos + n, dtype=np.int64)
-        self._tok[at] = np.asarray(tokens, dtype=np.int32)
-        self._rows[at] = rows
+        at = self.n_rows
+        for i, token in enumerate(tokens):  # a step's few rows: no temporaries
+            self._pos[at + i] = start_pos + i
+            self._tok[at + i] = token
+        self._rows[at : at + n] = rows
         self.n_rows += n
 
     @property
