@@ -8,7 +8,8 @@
 #     qwen35 with one nextn layer (the 27b preset's layer shapes, HYBRID_LAYERS trunk layers,
 #     random weights: its drafts are rejected): decode tok/s without drafts and with
 #     --spec-type draft-mtp (3-token drafts, f16 draft KV) through the KVMem session, same
-#     run, same loaded model (`kvmem-bench mtp-overhead`; outputs must be identical);
+#     run, same loaded model (`kvmem-bench mtp-overhead`; outputs must be identical;
+#     HYBRID_MTP_GATE=on|off|closed picks the draft gate, default on);
 #  3. hybrid decode at HYBRID_CTX tokens (default 131072; HYBRID_CTX=262144 is the issue's
 #     256K if the prefill fits the time) with the KVMem window HYBRID_BUDGET against stock
 #     llama.cpp at the window size, same run (`kvmem-bench decode-sweep`).
@@ -51,7 +52,7 @@ fi
 echo "== 2. MTP decode overhead (draft-mtp vs no drafts) on $(basename "$MTP_HYB")"
 timeout "${HYBRID_MTP_TIMEOUT:-40}" "${BENCH[@]}" mtp-overhead -m "$MTP_HYB" --n-draft 3 --prompt-tokens "$MTP_PROMPT" \
   --max-tokens "$TOKENS" -c 8192 --budget 4096 --gen-reserve 1024 -t "$THREADS" \
-  -ngl "$NGL" --out "$STEPS/mtp" || echo "step 2 failed"
+  --gate "${HYBRID_MTP_GATE:-on}" -ngl "$NGL" --out "$STEPS/mtp" || echo "step 2 failed"
 echo "== 3. hybrid decode at $CTX (window $BUDGET) against stock at the window size"
 timeout "${HYBRID_SWEEP_TIMEOUT:-60}" "${BENCH[@]}" decode-sweep -m "$HYB" --contexts "$CTX" --configs kvmem \
   --budget "$BUDGET" --gen-reserve 1024 --gen-tokens 64 -ngl "$NGL" --out "$STEPS/sweep" || echo "step 3 failed"

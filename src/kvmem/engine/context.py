@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,13 +43,18 @@ class ContextSettings:
 
 class MainSeqObserver(Protocol):
     """Told of every change to the main sequence made through this context (the MTP
-    drafter's draft context follows it: mtp_draft.py)."""
+    drafter's draft context follows it: mtp_draft.py), and of the blocks KVTransfer
+    harvests from it and restores into it (block id -> first position of its cells)."""
 
     def after_decode(self, ctx: LlamaContext, tokens: Sequence[int], start_pos: int) -> None: ...
 
     def after_seq_rm(self, p0: int, p1: int) -> None: ...
 
     def after_seq_add(self, p0: int, p1: int, delta: int) -> None: ...
+
+    def after_harvest(self, block_ids: Sequence[int], block_tokens: int) -> None: ...
+
+    def after_restore(self, starts: Mapping[int, int], block_tokens: int) -> None: ...
 
 
 class Batch:
@@ -154,6 +159,16 @@ class LlamaContext:
         llama_cpp.llama_memory_seq_add(self.mem, seq, p0, p1, delta)
         if seq == MAIN_SEQ and self.observer is not None:
             self.observer.after_seq_add(p0, p1, delta)
+
+    def blocks_harvested(self, block_ids: Sequence[int], block_tokens: int) -> None:
+        """KVTransfer copied these blocks of the main sequence (at their own positions)."""
+        if self.observer is not None:
+            self.observer.after_harvest(block_ids, block_tokens)
+
+    def blocks_restored(self, starts: Mapping[int, int], block_tokens: int) -> None:
+        """KVTransfer wrote these blocks into the main sequence at `starts`."""
+        if self.observer is not None:
+            self.observer.after_restore(starts, block_tokens)
 
     @property
     def can_shift(self) -> bool:

@@ -49,5 +49,6 @@ class HybridBlobs:
 
 
 def hybrid_blobs(ctx: LlamaContext) -> HybridBlobs | None:
-    """The hybrid blob handler when the context's memory is hybrid, else None."""
-    return HybridBlobs(ctx) if ctx.model.is_hybrid else None
+    """The hybrid blob handler when the context's memory is hybrid, else None (an MTP
+    draft context of a hybrid model has a plain attention cache: mtp_draft.py)."""
+    return HybridBlobs(ctx) if ctx.model.is_hybrid and not ctx.settings.draft_mtp else None

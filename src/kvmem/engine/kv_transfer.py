@@ -95,6 +95,7 @@ class KVTransfer:
             StagingBuffer(host_buffer_allocator(), staging_bytes) if staging_bytes > 0 else None
         )
         self.hybrid = hybrid_blobs(ctx)  # hybrid memory: attention blocks only (hybrid_transfer)
+        self.cell_ext = ctx.model.kv_cell_ext  # M-RoPE cells (an MTP draft context's)
         # the staged path copies on copy_threads() threads into buffers touched ahead
         staged, threads = self.staging is not None, copy_threads()
         # pages touched ahead only where the copy-out runs beside the GPU (copy threads)
@@ -136,7 +137,7 @@ class KVTransfer:
             if self.hybrid is not None:
                 state = self.hybrid.parse(blob)
             else:
-                state = parse_state(blob, transpose_v=plan is None)
+                state = parse_state(blob, cell_ext=self.cell_ext, transpose_v=plan is None)
             if plan is not None:  # blocks in their own buffers, filled when the plan runs
                 views = split_owned(state, bt, self._take, plan)
             else:
@@ -163,6 +164,7 @@ class KVTransfer:
             self._pending = [self.copier.submit(self._copied, [b]) for b in views]
             self._pending_ids = {b.block_id for b in views}
         ids = tuple(b.block_id for b in views)
+        self.ctx.blocks_harvested(ids, bt)
         return TransferResult(len(views), n_bytes, (time.perf_counter() - t0) * 1e3, ids)
 
     def _copied(self, blocks: list[BlockKV]) -> tuple[list[BlockKV], float]:
@@ -226,6 +228,10 @@ class KVTransfer:
         blocks: list[BlockKV] = [self.store.get(b) for b in sorted(block_ids)]
         for piece in self._pieces(blocks):
             self._restore_piece(piece, starts or {})
+        bt = self.table.block_tokens
+        self.ctx.blocks_restored(
+            {b.block_id: (starts or {}).get(b.block_id, b.block_id * bt) for b in blocks}, bt
+        )
         n_bytes = sum(b.nbytes for b in blocks)
         self.store.stats.bytes_out += n_bytes
         ids = tuple(b.block_id for b in blocks)
