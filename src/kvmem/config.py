@@ -34,6 +34,13 @@ class QueryPolicy(Enum):
     AGENT = "agent"  # the last user message and the live trajectory's tail
 
 
+def _available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 @dataclass(frozen=True, slots=True)
 class KVCacheTypes:
     """The K and V cache types of the main context."""
@@ -79,7 +86,7 @@ class KVMemConfig:
     score_mode: ScoreMode = ScoreMode.KEY_BOUND
     score_aggregate: ScoreAggregate = ScoreAggregate.MAX
     score_mlogits: int = 128  # bound on one reselection's logits, in millions; 0: none
-    score_threads: int = 1  # threads scoring a reselection (more lose to a threaded BLAS)
+    score_threads: int = 0  # threads scoring a reselection (0: one per core, at most 16)
     positions: PositionMode = PositionMode.GATHER
     trace: bool = False
     # disk tier and restart-safe sessions (memory/tiered_store.py, engine/session_persist.py)
@@ -176,13 +183,14 @@ class KVMemConfig:
 
     @property
     def score_workers(self) -> int:
-        """Threads that score one reselection (`--kvmem-score-threads`; 0: min(8, CPUs)).
+        """Threads that score one reselection (`--kvmem-score-threads`; 0: min(16, CPUs)).
 
-        One by default: numpy's matmul then runs on OpenBLAS's threads. More threads score
-        the layers side by side, each product on one OpenBLAS thread (`blas_threads`);
-        session 4's scorer was 9-28% slower on 2-8 threads than on one on the H200 host
-        (16 cores), and `kvmem-bench score-cost` measures both paths by threads."""
-        return self.score_threads or max(1, min(8, os.cpu_count() or 1))
+        With more than one, the layers are scored side by side, each product on one
+        OpenBLAS thread (`blas_threads`); with one, numpy's products run on OpenBLAS's own
+        threads. On the H200 host (16 cores, 8B shape, 1,955 blocks, the 128M bound)
+        `kvmem-bench score-cost` measured 705 ms on 1 thread, 388 ms on 4 and 215 ms on 16
+        (docs/results/h200/s5), so the default is one thread per core, at most 16."""
+        return self.score_threads or max(1, min(16, _available_cpus()))
 
     @property
     def query_pin_tokens(self) -> int:

@@ -93,7 +93,7 @@ KVMEM_TABLE: tuple[Flag, ...] = (
          "bound on the logits (query rows x blocks x heads x layers, in millions) one "
          "reselection computes; past it an even sample of the query tokens is scored",
          _D.score_mlogits, "128; 0 = no bound"),
-    _int("score-threads", "threads that score a reselection (0 = min(8, CPUs))",
+    _int("score-threads", "threads that score a reselection (0 = one per CPU, at most 16)",
          _D.score_threads),
     _choice("positions", _D.positions,
             "where retrieved blocks sit in the window: gather (right before the recent "
