@@ -24,7 +24,7 @@ from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
 from kvmem.config import KVMemConfig
-from kvmem.engine import MAX_LANES, Engine, EngineLanes, EngineSettings, SamplingParams
+from kvmem.engine import MAX_LANES, Engine, EngineLanes, EngineSettings
 from kvmem.engine.seq_baseline import (
     agreeing_prefix,
     baseline_settings,
@@ -34,6 +34,7 @@ from kvmem.engine.seq_baseline import (
 )
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
+from kvmem.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -19,11 +19,13 @@ from kvmem.bench.report import add_run_arguments, format_table, machine_descript
 from kvmem.chat.template import ChatTemplate
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.engine.context import ContextSettings, LlamaContext
-from kvmem.engine.model import LlamaModel, resolve_model_path
-from kvmem.engine.sampler import Sampler, SamplingParams
+from kvmem.engine.model import LlamaModel
+from kvmem.engine.model_path import resolve_model_path
+from kvmem.engine.sampler import Sampler
 from kvmem.engine.speculative import verify_draft
 from kvmem.errors import ConfigError
 from kvmem.memory.ngram_draft import NgramDraftParams, draft_ngram
+from kvmem.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 Drafter = Callable[[list[int], int], list[int]]  # (history, tokens emitted so far) -> draft

@@ -26,10 +26,11 @@ from kvmem.cli.kvmem_flags import strict_int
 from kvmem.config import KVMemConfig
 from kvmem.engine import Engine, EngineSettings
 from kvmem.engine.draft_gate import DraftGate
-from kvmem.engine.model import LlamaModel, resolve_model_path
+from kvmem.engine.model import LlamaModel
+from kvmem.engine.model_path import resolve_model_path
 from kvmem.engine.nextn_meta import check_mtp_head
-from kvmem.engine.sampler import SamplingParams
 from kvmem.errors import ConfigError
+from kvmem.sampling import SamplingParams
 from kvmem.spec_config import SPEC_KV_TYPES, SpecConfig, SpecType
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -24,11 +24,12 @@ from kvmem.bench.synth_mmproj import MmprojShape, write_mmproj
 from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.config import KVMemConfig
-from kvmem.engine import Engine, EngineSettings, SamplingParams, resolve_model_path
-from kvmem.engine.media import VisionSettings
+from kvmem.engine import Engine, EngineSettings, resolve_model_path
 from kvmem.engine.mmproj_meta import model_embd
+from kvmem.engine.settings import VisionSettings
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
+from kvmem.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
