@@ -220,7 +220,7 @@ def _run_without_llama(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_chat_and_the_engine_records_import_without_llama_cpp() -> None:
+def test_chat_engine_records_and_bench_parser_load_without_llama_cpp() -> None:
     modules = sorted(_module_name(p) for p in _sources(PACKAGE / "chat"))
     code = (
         "import importlib\n"
@@ -230,10 +230,18 @@ def test_chat_and_the_engine_records_import_without_llama_cpp() -> None:
         "from kvmem.engine import EngineSettings, GpuPlacement, MAX_LANES, resolve_model_path\n"
         "from kvmem.sampling import SamplingParams\n"
         "print('records ok')\n"
+        "from kvmem.bench.main import build_parser\n"
+        "build_parser()\n"
+        "print('kvmem-bench parser ok')\n"
     )
     result = _run_without_llama(code)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["llama_cpp blocked", "chat loads: ", "records ok"]
+    assert result.stdout.splitlines() == [
+        "llama_cpp blocked",
+        "chat loads: ",
+        "records ok",
+        "kvmem-bench parser ok",
+    ]
 
 
 def test_unit_tests_collect_without_llama_cpp() -> None:

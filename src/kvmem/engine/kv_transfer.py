@@ -9,7 +9,6 @@ writes residency: the window (the one owner of where blocks are) records what it
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,22 +28,12 @@ from .context import LlamaContext
 from .harvest_split import owned_block, split_owned
 from .host_staging import STAGING_BYTES, StagingBuffer
 from .hybrid_transfer import hybrid_blobs
-from .kv_copy import CopyPlan, NativeCopy, native_copy
+from .kv_copy import CopyPlan, NativeCopy, copy_threads, native_copy
 from .llama_lib import host_buffer_allocator
 from .state_codec import StateLayout, build_state, kv_part_nbytes, parse_state, split_blocks
 from .transfer_profile import TransferPath, TransferProfile
 
 logger = logging.getLogger(__name__)
-
-
-def copy_threads() -> int:
-    """Threads for the copy-out and the restore blob (the native copy's pthreads, or
-    numpy's copy threads): KVMEM_COPY_THREADS, else CPUs / 2 (at most 4). One means no
-    copy threads: everything on the caller's thread."""
-    env = os.environ.get("KVMEM_COPY_THREADS", "")
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    return max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
 @dataclass(slots=True)
