@@ -5,8 +5,7 @@ from __future__ import annotations
 import io
 
 from kvmem.config import KVCacheTypes, KVMemConfig
-from kvmem.engine import Engine, EngineSettings
-from kvmem.sampling import SamplingParams
+from kvmem.engine import Engine, EngineSettings, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvmem.sampling import SamplingParams
+from kvmem.engine import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
