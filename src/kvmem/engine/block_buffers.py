@@ -96,6 +96,14 @@ _SHARED: BlockBuffers | None = None
 _SHARED_LOCK = threading.Lock()
 
 
+def take_buffer(buffers: BlockBuffers | None, n_bytes: int) -> np.ndarray:
+    """uint8 [n_bytes] for a harvested block: from `buffers` (pages touched ahead) when
+    there is a pool, else fresh memory."""
+    if buffers is not None:
+        return buffers.take(n_bytes)
+    return np.empty(n_bytes, dtype=np.uint8)  # [n_bytes]
+
+
 def shared_buffers() -> BlockBuffers:
     """The process's pool (created on first use; its worker is a daemon thread)."""
     global _SHARED

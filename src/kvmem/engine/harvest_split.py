@@ -19,7 +19,7 @@ import numpy as np
 
 from kvmem.memory.host_store import BlockKV
 
-from .block_buffers import BlockBuffers
+from .block_buffers import BlockBuffers, take_buffer
 from .kv_copy import CopyPlan, address
 from .state_codec import SeqState
 
@@ -30,7 +30,7 @@ def owned_block(block: BlockKV, buffers: BlockBuffers | None = None) -> BlockKV:
     buffer comes from `buffers` (pages touched ahead) when given."""
     arrays = [*block.k, *block.v]
     n_bytes = sum(a.nbytes for a in arrays)
-    buf = buffers.take(n_bytes) if buffers is not None else np.empty(n_bytes, dtype=np.uint8)
+    buf = take_buffer(buffers, n_bytes)  # uint8 [n_bytes]
     views, at = [], 0
     for a in arrays:
         view = buf[at : at + a.nbytes].reshape(a.shape)  # uint8 [n_tokens, row_bytes]

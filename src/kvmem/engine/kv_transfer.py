@@ -24,7 +24,7 @@ from kvmem.memory.layout import BlockMove, move_order
 from kvmem.memory.retrieval_index import BlockKeys, RetrievalIndex
 
 from .batch_rows import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ
-from .block_buffers import BlockBuffers, shared_buffers
+from .block_buffers import BlockBuffers, shared_buffers, take_buffer
 from .context import LlamaContext
 from .harvest_split import owned_block, split_owned
 from .host_staging import StagingBuffer
@@ -185,9 +185,7 @@ class KVTransfer:
 
     def _take(self, n_bytes: int) -> np.ndarray:
         """uint8 [n_bytes] for a harvested block: touched ahead when there is a pool."""
-        if self.buffers is not None:
-            return self.buffers.take(n_bytes)
-        return np.empty(n_bytes, dtype=np.uint8)  # [n_bytes]
+        return take_buffer(self.buffers, n_bytes)
 
     @staticmethod
     def _ran(plan: CopyPlan, blocks: list[BlockKV]) -> tuple[list[BlockKV], float]:
