@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from kvmem.bench.engines import Method
-from kvmem.engine import PromptSpans, TokenSpan
+from kvmem.memory.spans import PromptSpans, TokenSpan
 
 SPECIALS = {"<|im_start|>": 1, "<|im_end|>": 2}
 N_VOCAB = 256

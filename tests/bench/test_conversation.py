@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvmem.bench.conversation import ChatMLRenderer, Message, Role, last_tokens_only
-from kvmem.engine import TokenSpan
+from kvmem.memory.spans import TokenSpan
 
 from .fakes import CharTokenizer
 

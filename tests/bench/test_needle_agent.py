@@ -22,8 +22,8 @@ from kvmem.bench.needle import run_needle
 from kvmem.bench.needle_agent import SYSTEM_PROMPT, TOOLS
 from kvmem.bench.needle_data import Layout, NeedleKind, NeedleSpec, build_case, needle_sentence
 from kvmem.bench.oracle import forced_spans
-from kvmem.engine import TokenSpan
 from kvmem.errors import ConfigError
+from kvmem.memory.spans import TokenSpan
 
 from .fakes import CharTokenizer, FakeEngine, FakeFactory
 

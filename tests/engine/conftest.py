@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvmem.engine import SamplingParams
+from kvmem.sampling import SamplingParams
 
 from .helpers import GREEDY
 

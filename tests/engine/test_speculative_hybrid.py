@@ -14,7 +14,7 @@ from kvmem.bench.lookup_drafts import drafted_loop, plain_loop
 from kvmem.engine.context import ContextSettings, LlamaContext
 from kvmem.engine.hybrid_codec import HybridSeqState, parse_hybrid_state
 from kvmem.engine.model import LlamaModel
-from kvmem.engine.sampler import SamplingParams
+from kvmem.sampling import SamplingParams
 
 from .hybrid_models import tiny_hybrid_path  # noqa: F401  (fixture)
 

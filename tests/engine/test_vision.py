@@ -12,7 +12,8 @@ import pytest
 from kvmem.bench.synth_mmproj import MmprojShape, write_mmproj
 from kvmem.config import KVMemConfig
 from kvmem.engine import Engine
-from kvmem.engine.media import VisionSettings, is_standin
+from kvmem.engine.media import is_standin
+from kvmem.engine.settings import VisionSettings
 
 from .helpers import GREEDY, make_engine
 from .mtmd_reference import MtmdReference

@@ -13,8 +13,8 @@ from kvmem.chat.images import ImageCollector, ImageLimits, decode_image
 from kvmem.chat.messages import normalize_messages
 from kvmem.chat.prompt import render_prompt, tokenize_prompt
 from kvmem.chat.template import ChatTemplate
-from kvmem.engine import TokenSpan
 from kvmem.errors import InvalidRequestError
+from kvmem.memory.spans import TokenSpan
 from tests.server.fake_engine import FakeEngine
 
 TEMPLATE = "{% for m in messages %}[{{ m.content }}]{% endfor %}"

@@ -9,7 +9,7 @@ from kvmem.chat.prompt import PromptTokens
 from kvmem.chat.reasoning import THINK_TAGS, Channel
 from kvmem.chat.tool_calls import ToolFormat
 from kvmem.chat.turn import ChatFinish, TextDelta, ToolCallEvent, TurnDone, TurnRequest, run_turn
-from kvmem.engine import TokenSpan
+from kvmem.memory.spans import TokenSpan
 from tests.server.fake_engine import FakeEngine
 
 

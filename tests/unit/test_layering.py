@@ -1,7 +1,9 @@
-"""Dependencies point one way: memory <- engine <- chat/server/cli.
+"""Dependencies point one way: memory <- engine <- server/cli, memory <- chat <- server/cli.
 
 kvmem.memory imports only numpy, gguf, the standard library, kvmem.errors and itself;
-kvmem.engine is the only package that imports llama_cpp. kvmem.models (named models
+kvmem.engine is the only package that imports llama_cpp, and kvmem.chat imports no
+kvmem.engine module (the server hands it an engine through `chat.protocol`). tests/unit
+collects with llama_cpp absent. kvmem.models (named models
 from PyPI parts) is standard library only and is imported only by cli, server and bench.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -172,6 +175,87 @@ def test_importing_memory_does_not_load_llama_cpp_or_upper_layers() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def test_chat_imports_no_engine_module() -> None:
+    files = _sources(PACKAGE / "chat")
+    assert files, "kvmem/chat has no sources"
+    bad = []
+    for path in files:
+        bad.extend(
+            f"{path.relative_to(SRC)} imports {name}"
+            for name in _imports(path)
+            if _within(name, "kvmem.engine") or _within(name, "llama_cpp")
+        )
+    assert bad == []
+
+
+_BLOCK_LLAMA = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "llama_cpp" or name.startswith("llama_cpp."):
+            raise ImportError("llama_cpp blocked")
+sys.meta_path.insert(0, Block())
+try:
+    import llama_cpp
+except ImportError:
+    print("llama_cpp blocked")
+else:
+    raise SystemExit("the blocker let llama_cpp through")
+"""
+
+
+def _run_without_llama(code: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return subprocess.run(
+        [sys.executable, "-c", _BLOCK_LLAMA + code],
+        cwd=SRC.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_chat_engine_records_and_bench_parser_load_without_llama_cpp() -> None:
+    modules = sorted(_module_name(p) for p in _sources(PACKAGE / "chat"))
+    code = (
+        "import importlib\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "bad = sorted(m for m in sys.modules if m.startswith('kvmem.engine'))\n"
+        "print('chat loads:', ','.join(bad))\n"
+        "from kvmem.engine import EngineSettings, GpuPlacement, MAX_LANES, resolve_model_path\n"
+        "from kvmem.sampling import SamplingParams\n"
+        "print('records ok')\n"
+        "from kvmem.bench.main import build_parser\n"
+        "build_parser()\n"
+        "print('kvmem-bench parser ok')\n"
+    )
+    result = _run_without_llama(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "llama_cpp blocked",
+        "chat loads: ",
+        "records ok",
+        "kvmem-bench parser ok",
+    ]
+
+
+def test_unit_tests_collect_without_llama_cpp() -> None:
+    code = (
+        "import pytest\n"
+        "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', 'tests/unit']))\n"
+    )
+    result = _run_without_llama(code)
+    lines = result.stdout.splitlines()
+    errors = [line for line in lines if line.startswith("ERROR")]
+    assert errors == [], result.stdout[-4000:]
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr
+    assert lines[0] == "llama_cpp blocked"
+    assert re.fullmatch(r"\d+ tests collected in [\d.]+s", lines[-1]), lines[-1]
 
 
 def test_cli_does_not_import_the_server() -> None:

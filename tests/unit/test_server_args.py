@@ -10,12 +10,13 @@ import pytest
 from kvmem.cli.server_args import SERVER_FLAGS, build_server_parser
 from kvmem.cli.server_config import load_server_settings
 from kvmem.config import KVMemConfig
-from kvmem.engine import EngineSettings, GpuPlacement, SamplingParams
+from kvmem.engine import EngineSettings, GpuPlacement
 from kvmem.errors import ConfigError
 from kvmem.memory.exact_scorer import RankMode
 from kvmem.memory.ggml_types import GgmlType
 from kvmem.memory.layout import PositionMode
 from kvmem.memory.scorer import ScoreMode
+from kvmem.sampling import SamplingParams
 from kvmem.server.settings import ServerSettings, Source
 
 

@@ -10,13 +10,13 @@ import pytest
 
 from kvmem.chat.prompt import RenderedPrompt
 from kvmem.chat.turn import ChatFinish, TurnDone
-from kvmem.engine import SamplingParams
 from kvmem.errors import (
     EngineNotReadyError,
     ModelLoadError,
     QueueFullError,
     ServerShuttingDownError,
 )
+from kvmem.sampling import SamplingParams
 from kvmem.server.channel import JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob
 from kvmem.server.metrics import ServerMetrics

@@ -7,7 +7,6 @@ import struct
 import numpy as np
 import pytest
 
-from kvmem.engine.kv_transfer import block_runs
 from kvmem.engine.state_codec import (
     STATE_MAGIC,
     LayerLayout,
@@ -18,6 +17,7 @@ from kvmem.engine.state_codec import (
     split_blocks,
 )
 from kvmem.errors import StateFormatError
+from kvmem.memory.block_table import block_runs
 from kvmem.memory.ggml_types import GgmlType
 from kvmem.memory.host_store import BlockKV
 

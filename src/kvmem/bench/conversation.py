@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from kvmem.chat.messages import normalize_messages
 from kvmem.chat.prompt import build_prompt_tokens
 from kvmem.chat.template import ChatTemplate
-from kvmem.engine import PromptSpans, TokenSpan
+from kvmem.memory.spans import PromptSpans, TokenSpan
 
 
 class Role(Enum):

@@ -197,7 +197,7 @@ def add_ratios(results: list[SweepResult]) -> None:
 
 def engine_opener(settings: SweepSettings) -> Callable[[SweepPoint], BenchEngine]:
     from kvmem.engine import Engine, EngineSettings
-    from kvmem.engine.kv_transfer import STAGING_BYTES
+    from kvmem.engine.host_staging import STAGING_BYTES
 
     def open_engine(point: SweepPoint) -> BenchEngine:
         kv = KVMemConfig(

@@ -27,10 +27,12 @@ from kvmem.cli.kvmem_flags import (
     strict_int,
 )
 from kvmem.config import KVCacheTypes, KVMemConfig
-from kvmem.engine import Engine, EngineSettings, SamplingParams, TokenSpan
+from kvmem.engine import EngineSettings
 from kvmem.errors import ConfigError
 from kvmem.memory.planner import RetrievalMethod
+from kvmem.memory.spans import TokenSpan
 from kvmem.models import resolve_model_flag
+from kvmem.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +146,8 @@ class LlamaEngineFactory:
         self.settings = settings
 
     def open(self, method: Method) -> BenchEngine:
+        from kvmem.engine import Engine  # loads llama.cpp: only when a benchmark runs
+
         logger.info("opening the %s engine", method.value)
         return Engine(self.settings.engine_settings(method))
 

@@ -34,8 +34,8 @@ from kvmem.bench.reference_cache import load_reference, reference_key, save_refe
 from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.bench.transcript import build_transcript, history_through
 from kvmem.cli.kvmem_flags import strict_int
-from kvmem.engine import PromptSpans, TokenSpan
 from kvmem.errors import ConfigError
+from kvmem.memory.spans import PromptSpans, TokenSpan
 
 logger = logging.getLogger(__name__)
 

@@ -18,22 +18,19 @@ import argparse
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
 from kvmem.config import KVMemConfig
-from kvmem.engine import MAX_LANES, Engine, EngineLanes, EngineSettings, SamplingParams
-from kvmem.engine.seq_baseline import (
-    agreeing_prefix,
-    baseline_settings,
-    n_contexts,
-    one_context,
-    run_threads,
-)
+from kvmem.engine import MAX_LANES, EngineSettings
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
+from kvmem.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from kvmem.engine import Engine, EngineLanes
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +55,8 @@ def _prompt(engine: Engine, lane: int) -> list[int]:
 
 def measure(lanes: EngineLanes, n: int, gen_tokens: int) -> dict[str, Any]:
     """N lanes generating at once; tok/s over the span of their decoding."""
+    from kvmem.engine.seq_baseline import run_threads
+
     first: list[float] = [0.0] * n
     last: list[float] = [0.0] * n
     counts: list[int] = [0] * n
@@ -94,6 +93,13 @@ def measure(lanes: EngineLanes, n: int, gen_tokens: int) -> dict[str, Any]:
 
 def measure_baseline(lanes: EngineLanes, counts: tuple[int, ...], gen: int) -> list[dict]:
     """For each N: plain llama.cpp, N seq ids in one context vs N contexts (no KVMem)."""
+    from kvmem.engine.seq_baseline import (
+        agreeing_prefix,
+        baseline_settings,
+        n_contexts,
+        one_context,
+    )
+
     engine = lanes.lanes[0]
     prompts = [_prompt(engine, i) for i in range(max(counts))]
     settings = baseline_settings(engine.ctx.settings, max(len(p) for p in prompts) + gen)
@@ -181,6 +187,8 @@ def run(ns: argparse.Namespace) -> int:
         cache_types=cache_types_from_args(ns),
         kvmem=KVMemConfig(budget=ns.budget, gen_reserve=ns.gen_reserve),
     )
+    from kvmem.engine import EngineLanes  # loads llama.cpp
+
     t0 = time.perf_counter()
     lanes = EngineLanes(settings, max(counts))
     try:

@@ -14,16 +14,18 @@ import argparse
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from kvmem.bench.report import add_run_arguments, format_table, machine_description, write_json
 from kvmem.chat.template import ChatTemplate
 from kvmem.cli.kvmem_flags import strict_int
-from kvmem.engine.context import ContextSettings, LlamaContext
-from kvmem.engine.model import LlamaModel, resolve_model_path
-from kvmem.engine.sampler import Sampler, SamplingParams
-from kvmem.engine.speculative import verify_draft
+from kvmem.engine.model_path import resolve_model_path
 from kvmem.errors import ConfigError
 from kvmem.memory.ngram_draft import NgramDraftParams, draft_ngram
+from kvmem.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from kvmem.engine.context import LlamaContext
 
 GREEDY = SamplingParams(temperature=0.0)
 Drafter = Callable[[list[int], int], list[int]]  # (history, tokens emitted so far) -> draft
@@ -51,6 +53,8 @@ def plain_loop(
     ctx: LlamaContext, prompt: Sequence[int], n_new: int, params: SamplingParams = GREEDY
 ) -> LoopRun:
     """Decode one token at a time until n_new tokens or an end-of-generation token."""
+    from kvmem.engine.sampler import Sampler
+
     _prefill(ctx, prompt)
     sampler = Sampler(ctx.model.vocab, params)
     run = LoopRun()
@@ -79,6 +83,9 @@ def drafted_loop(
     params: SamplingParams = GREEDY,
 ) -> LoopRun:
     """The same generation, each step verifying `drafter`'s proposal in one batch."""
+    from kvmem.engine.sampler import Sampler
+    from kvmem.engine.speculative import verify_draft
+
     _prefill(ctx, prompt)
     sampler = Sampler(ctx.model.vocab, params)
     run = LoopRun()
@@ -155,6 +162,9 @@ def run(ns: argparse.Namespace) -> int:
     for flag, value in (("--max-tokens", ns.max_tokens), ("--functions", ns.functions)):
         if value <= 0:
             raise ConfigError(flag, f"must be positive, got {value}")
+    from kvmem.engine.context import ContextSettings, LlamaContext
+    from kvmem.engine.model import LlamaModel
+
     path = resolve_model_path(ns.model)
     model = LlamaModel(path, ns.gpu_layers)
     settings = ContextSettings(n_cells=ns.ctx_size, n_batch=ns.batch_size, n_threads=ns.threads)

@@ -20,17 +20,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import TYPE_CHECKING
 
 from kvmem.bench.report import add_run_arguments, format_table, machine_description, write_json
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.config import KVMemConfig
-from kvmem.engine import Engine, EngineSettings
+from kvmem.engine import EngineSettings
 from kvmem.engine.draft_gate import DraftGate
-from kvmem.engine.model import LlamaModel, resolve_model_path
+from kvmem.engine.model_path import resolve_model_path
 from kvmem.engine.nextn_meta import check_mtp_head
-from kvmem.engine.sampler import SamplingParams
 from kvmem.errors import ConfigError
+from kvmem.sampling import SamplingParams
 from kvmem.spec_config import SPEC_KV_TYPES, SpecConfig, SpecType
+
+if TYPE_CHECKING:
+    from kvmem.engine import Engine
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -123,6 +127,9 @@ def run(ns: argparse.Namespace) -> int:
         n_gpu_layers=ns.gpu_layers,
         kvmem=KVMemConfig(budget=ns.budget, gen_reserve=ns.gen_reserve),
     )
+    from kvmem.engine import Engine  # loads llama.cpp
+    from kvmem.engine.model import LlamaModel
+
     model = LlamaModel(path, ns.gpu_layers, load_mtp=True)
     runs: dict[str, dict] = {}
     outputs: dict[str, list[int]] = {}

@@ -34,8 +34,8 @@ from kvmem.bench.needle_data import Layout, NeedleCase, NeedleKind, NeedleSpec, 
 from kvmem.bench.oracle import check_oracle_hook, forced_spans
 from kvmem.bench.report import format_table, fraction, machine_description, write_json
 from kvmem.cli.kvmem_flags import strict_int
-from kvmem.engine import TokenSpan
 from kvmem.errors import ConfigError
+from kvmem.memory.spans import TokenSpan
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from kvmem.engine import TokenSpan
 from kvmem.errors import ConfigError
+from kvmem.memory.spans import TokenSpan
 
 HOOK = "force_spans"
 

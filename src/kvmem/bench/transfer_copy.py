@@ -27,8 +27,7 @@ import numpy as np
 from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.engine.harvest_split import owned_block, split_owned
-from kvmem.engine.kv_copy import NativeCopy, native_copy
-from kvmem.engine.kv_transfer import copy_threads
+from kvmem.engine.kv_copy import NativeCopy, copy_threads, native_copy
 from kvmem.engine.state_codec import (
     LayerLayout,
     StateLayout,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvmem.engine import SamplingParams
+from kvmem.sampling import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from kvmem.chat.stop import StopMatcher
 from kvmem.chat.tool_calls import ToolCall, ToolFormat
 from kvmem.chat.tool_stream import ToolCallStream
 from kvmem.chat.turn_memory import TurnMemory
-from kvmem.engine import SamplingParams
+from kvmem.sampling import SamplingParams
 
 
 class ChatFinish(Enum):

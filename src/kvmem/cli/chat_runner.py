@@ -9,8 +9,10 @@ from typing import Any
 from kvmem.chat.detokenize import IncrementalDetokenizer
 from kvmem.chat.prompt import build_prompt_tokens
 from kvmem.chat.template import ChatTemplate
-from kvmem.engine import Engine, EngineSettings, SamplingParams, TokenSpan
+from kvmem.engine import Engine, EngineSettings
 from kvmem.errors import ConfigError
+from kvmem.memory.spans import TokenSpan
+from kvmem.sampling import SamplingParams
 
 
 class ChatRunner:

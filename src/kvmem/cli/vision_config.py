@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvmem.engine import resolve_model_path
-from kvmem.engine.media import VisionSettings
 from kvmem.engine.mmproj_meta import check_projector
+from kvmem.engine.model_path import resolve_model_path
+from kvmem.engine.settings import VisionSettings
 from kvmem.errors import ConfigError
 
 _ONLY_WITH_MMPROJ = ("image_min_tokens", "image_max_tokens", "media_path")

@@ -9,76 +9,39 @@ import logging
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import llama_cpp
 import numpy as np
 
-from kvmem.config import KVCacheTypes, KVMemConfig
 from kvmem.errors import ConfigError, InvalidRequestError
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.rope import k_rotation_size
 from kvmem.memory.spans import PromptSpans
 from kvmem.memory.tiered_store import MIB
-from kvmem.spec_config import SpecConfig
+from kvmem.sampling import SamplingParams
 
 from .background_index import BackgroundIndex
 from .context import ContextSettings, LlamaContext
 from .conversation_disk import ConversationDisk
 from .conversations import ConversationPool
-from .kv_transfer import STAGING_BYTES
 from .llama_lib import ggml_base
-from .media import VisionProjector, VisionSettings
-from .model import GpuPlacement, LlamaModel, ModelInfo, resolve_model_path
+from .media import VisionProjector
+from .model import LlamaModel, ModelInfo
+from .model_path import resolve_model_path
 from .mtp_draft import MtpDrafter
-from .nextn_meta import check_mtp_head
 from .query_capture import QueryCapture
-from .sampler import Sampler, SamplingParams
+from .sampler import Sampler
 from .session import KVMemSession
 from .session_persist import SessionPersister, open_tiered_store, store_fingerprint
+from .settings import EngineSettings
 from .spec_decode import spec_decoder
 from .trace import EngineStats, Tracer, TurnStats
 from .transfer_profile import PathTiming, TransferPath
 from .window import TokenSpan
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSettings:
-    model_path: str | None = None  # None: the embedded default model
-    n_ctx: int = 0  # logical context; 0 = the model's training context
-    n_batch: int = 2048
-    n_ubatch: int = 512
-    n_threads: int | None = None
-    n_threads_batch: int | None = None
-    n_gpu_layers: int = -1
-    flash_attn: bool = True
-    offload_kqv: bool = True
-    cache_types: KVCacheTypes = field(default_factory=KVCacheTypes)
-    kvmem: KVMemConfig = field(default_factory=KVMemConfig)
-    seed: int = -1
-    eval_gate: bool = True  # the native gate in front of the eval callback (eval_gate.py)
-    staging_bytes: int = STAGING_BYTES  # reused blob buffer of harvest/restore; 0 = none
-    spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding
-    vision: VisionSettings | None = None  # --mmproj: images through mtmd
-    placement: GpuPlacement = field(default_factory=GpuPlacement)  # --split-mode/--main-gpu/-ts
-
-    def validate(self) -> None:
-        if self.n_ctx < 0:
-            raise ConfigError("-c", f"context size must be positive, got {self.n_ctx}")
-        if self.n_batch <= 0:
-            raise ConfigError("-b", f"batch size must be positive, got {self.n_batch}")
-        if self.n_ubatch <= 0:
-            raise ConfigError("-ub", f"ubatch size must be positive, got {self.n_ubatch}")
-        self.cache_types.validate()
-        self.kvmem.validate()
-        self.spec.validate()
-        if self.spec.wants_mtp:  # from the GGUF's metadata, before any weights load
-            check_mtp_head(resolve_model_path(self.model_path))
-        if self.cache_types.v.is_quantized and not self.flash_attn:
-            raise ConfigError("-ctv", "a quantized V cache needs flash attention (-fa on)")
 
 
 class Engine:

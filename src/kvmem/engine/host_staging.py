@@ -12,18 +12,29 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Protocol
 
 import numpy as np
 
-from .llama_lib import HostBufferAllocator
-
 logger = logging.getLogger(__name__)
 
+STAGING_BYTES = 1 << 30  # the reused (pinned) blob buffer; larger restores go in pieces
 _GRANULE = 64 << 20  # grow in steps of 64 MiB
 
 
+class HostAllocator(Protocol):
+    """Page-locked host memory (`llama_lib.HostBufferAllocator` on a GPU build)."""
+
+    @property
+    def available(self) -> bool: ...
+
+    def alloc(self, n_bytes: int) -> tuple[int, np.ndarray] | None: ...
+
+    def free(self, handle: int) -> None: ...
+
+
 class StagingBuffer:
-    def __init__(self, allocator: HostBufferAllocator | None, limit_bytes: int) -> None:
+    def __init__(self, allocator: HostAllocator | None, limit_bytes: int) -> None:
         self._alloc = allocator if allocator is not None and allocator.available else None
         self.limit_bytes = limit_bytes  # larger blobs are split by the caller
         self._handle: int | None = None

@@ -174,3 +174,13 @@ class CopyPlan:
             arrays.append(p)
             addresses.append(at)
         return arrays, addresses
+
+
+def copy_threads() -> int:
+    """Threads for the copy-out and the restore blob (the native copy's pthreads, or
+    numpy's copy threads): KVMEM_COPY_THREADS, else CPUs / 2 (at most 4). One means no
+    copy threads: everything on the caller's thread."""
+    env = os.environ.get("KVMEM_COPY_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, min(4, (os.cpu_count() or 1) // 2))

@@ -9,7 +9,6 @@ writes residency: the window (the one owner of where blocks are) records what it
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvmem.errors import KVTransferError
-from kvmem.memory.block_table import BlockTable
+from kvmem.memory.block_table import BlockTable, block_runs
 from kvmem.memory.host_store import BlockKV, HostStore
 from kvmem.memory.layout import BlockMove, move_order
 from kvmem.memory.retrieval_index import BlockKeys, RetrievalIndex
@@ -27,27 +26,14 @@ from .batch_rows import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ
 from .block_buffers import BlockBuffers, shared_buffers, take_buffer
 from .context import LlamaContext
 from .harvest_split import owned_block, split_owned
-from .host_staging import StagingBuffer
+from .host_staging import STAGING_BYTES, StagingBuffer
 from .hybrid_transfer import hybrid_blobs
-from .kv_copy import CopyPlan, NativeCopy, native_copy
+from .kv_copy import CopyPlan, NativeCopy, copy_threads, native_copy
 from .llama_lib import host_buffer_allocator
 from .state_codec import StateLayout, build_state, kv_part_nbytes, parse_state, split_blocks
 from .transfer_profile import TransferPath, TransferProfile
 
 logger = logging.getLogger(__name__)
-
-
-STAGING_BYTES = 1 << 30  # the reused (pinned) blob buffer; larger restores go in pieces
-
-
-def copy_threads() -> int:
-    """Threads for the copy-out and the restore blob (the native copy's pthreads, or
-    numpy's copy threads): KVMEM_COPY_THREADS, else CPUs / 2 (at most 4). One means no
-    copy threads: everything on the caller's thread."""
-    env = os.environ.get("KVMEM_COPY_THREADS", "")
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    return max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
 @dataclass(slots=True)
@@ -56,17 +42,6 @@ class TransferResult:
     bytes: int
     ms: float
     block_ids: tuple[int, ...] = ()
-
-
-def block_runs(block_ids: Sequence[int]) -> list[range]:
-    """Consecutive ids grouped into runs: [1,2,3,7,8] -> [range(1,4), range(7,9)]."""
-    runs: list[range] = []
-    for b in sorted(block_ids):
-        if runs and runs[-1].stop == b:
-            runs[-1] = range(runs[-1].start, b + 1)
-        else:
-            runs.append(range(b, b + 1))
-    return runs
 
 
 class KVTransfer:

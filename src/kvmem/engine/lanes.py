@@ -26,13 +26,13 @@ import llama_cpp
 from kvmem.config import lane_disk_dir
 from kvmem.errors import ConfigError
 
-from .engine import Engine, EngineSettings
-from .model import LlamaModel, ModelInfo, resolve_model_path
+from .engine import Engine
+from .model import LlamaModel, ModelInfo
+from .model_path import resolve_model_path
+from .settings import MAX_LANES, EngineSettings
 from .trace import EngineStats
 
 logger = logging.getLogger(__name__)
-
-MAX_LANES = 4
 
 
 class EngineLanes:

@@ -26,6 +26,7 @@ from llama_cpp import mtmd_cpp as mtmd
 from kvmem.errors import ConfigError, InvalidRequestError, ModelLoadError
 
 from .model import LlamaModel
+from .settings import VisionSettings
 
 logger = logging.getLogger(__name__)
 
@@ -37,16 +38,6 @@ _CHUNK_IMAGE = 1  # MTMD_INPUT_CHUNK_TYPE_IMAGE
 
 def is_standin(token: int) -> bool:
     return token < 0
-
-
-@dataclass(frozen=True, slots=True)
-class VisionSettings:
-    mmproj: str
-    offload: bool = True  # the projector on the GPU (where the build has one)
-    image_min_tokens: int = 0  # 0: the projector's own bound
-    image_max_tokens: int = 0
-    n_threads: int = 4
-    cache_bytes: int = 1 << 30  # encoded images kept (LRU), at least the history's
 
 
 @dataclass(slots=True)

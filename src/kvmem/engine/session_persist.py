@@ -19,10 +19,8 @@ prefix only processes its suffix.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import asdict
 from typing import Any
@@ -46,13 +44,12 @@ from kvmem.memory.summary_table import N_STATS
 from kvmem.memory.tiered_store import MIB, TieredStore, read_block_file
 
 from .model import ModelInfo
+from .model_path import model_file_identity
 from .session import KVMemSession
 from .state_codec import LayerLayout, StateLayout
 from .trace import TraceKind, Tracer, TurnStats
 
 logger = logging.getLogger(__name__)
-
-_HASH_SPAN = 8 * MIB  # bytes hashed at each end of the model file
 
 
 def open_tiered_store(config: KVMemConfig) -> TieredStore | None:
@@ -69,18 +66,6 @@ def open_tiered_store(config: KVMemConfig) -> TieredStore | None:
         raise ConfigError(
             "--kvmem-disk-dir", f"cannot use {config.disk_dir}: {exc.strerror or exc}"
         ) from None
-
-
-def model_file_identity(path: str) -> tuple[int, str]:
-    """(size, BLAKE2b of the first and last 8 MiB): the same file wherever it is copied."""
-    size = os.path.getsize(path)
-    h = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as fh:
-        h.update(fh.read(_HASH_SPAN))
-        if size > 2 * _HASH_SPAN:
-            fh.seek(size - _HASH_SPAN)
-            h.update(fh.read(_HASH_SPAN))
-    return size, h.hexdigest()
 
 
 def llama_build() -> str:

@@ -2,7 +2,7 @@
 
 A slot file holds the session's token history and the identity of the model it was made
 with: the magic `KVMSLOT1`, a little-endian u32 length, a JSON header (model file size and
-digest as in `session_persist.model_file_identity`, the token count) and the tokens as
+digest as in `model_path.model_file_identity`, the token count) and the tokens as
 int32. The KV itself is not in the file: restoring resets the session and processes the
 saved history as one prompt (teacher forcing, nothing is sampled), so the blocks, the
 host store, the retrieval summaries and the window are rebuilt by the same code as any
@@ -24,7 +24,7 @@ import numpy as np
 
 from kvmem.errors import InvalidRequestError
 
-from .session_persist import model_file_identity
+from .model_path import model_file_identity
 
 MAGIC = b"KVMSLOT1"
 _LEN = struct.Struct("<I")

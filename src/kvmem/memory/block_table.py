@@ -181,3 +181,14 @@ class BlockTable:
             raise MemoryLayoutError(
                 f"block {block_id} does not exist ({self._n} tokens, {self.n_blocks} blocks)"
             )
+
+
+def block_runs(block_ids: Sequence[int]) -> list[range]:
+    """Consecutive ids grouped into runs: [1,2,3,7,8] -> [range(1,4), range(7,9)]."""
+    runs: list[range] = []
+    for b in sorted(block_ids):
+        if runs and runs[-1].stop == b:
+            runs[-1] = range(runs[-1].start, b + 1)
+        else:
+            runs.append(range(b, b + 1))
+    return runs

@@ -23,7 +23,7 @@ from kvmem.chat.thinking import resolve_thinking
 from kvmem.chat.tool_calls import ToolFormat
 from kvmem.chat.tool_grammar import tool_call_grammar
 from kvmem.chat.turn import TurnRequest
-from kvmem.engine import SamplingParams
+from kvmem.sampling import SamplingParams
 from kvmem.server.channel import EventChannel
 from kvmem.server.live_timings import TimingProbe
 from kvmem.server.schemas import ChatCompletionRequest, NamedToolChoice

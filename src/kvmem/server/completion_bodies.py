@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvmem.chat.protocol import ChatEngine
-from kvmem.engine import SamplingParams
+from kvmem.sampling import SamplingParams
 from kvmem.server.completion_job import CompletionDone, CompletionToken, StopType, TokenProb
 from kvmem.server.props import system_fingerprint
 from kvmem.server.responses import timings_body, usage_body

@@ -21,8 +21,8 @@ from kvmem.chat.logprobs import TokenProb, token_probs
 from kvmem.chat.protocol import ChatEngine
 from kvmem.chat.stop import StopMatcher
 from kvmem.chat.turn import TurnUsage
-from kvmem.engine import SamplingParams
 from kvmem.errors import ContextLengthExceededError
+from kvmem.sampling import SamplingParams
 from kvmem.server.channel import EventChannel, JobStarted
 from kvmem.server.live_timings import TimingProbe
 

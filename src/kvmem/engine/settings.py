@@ -1,0 +1,75 @@
+"""The engine's settings records: what to load, where, and how (no llama_cpp).
+
+The CLI and the server build and validate these before any weights load; `Engine` and
+`LlamaModel` read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvmem.config import KVCacheTypes, KVMemConfig
+from kvmem.errors import ConfigError
+from kvmem.spec_config import SpecConfig
+
+from .host_staging import STAGING_BYTES
+from .model_path import resolve_model_path
+from .nextn_meta import check_mtp_head
+
+MAX_LANES = 4  # --parallel: engines sharing one model
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPlacement:
+    """Where the weights go: llama.cpp's split_mode, main_gpu and tensor_split
+    (`--split-mode`, `--main-gpu`, `--tensor-split`, `--device`)."""
+
+    split_mode: str = "layer"  # none | layer
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class VisionSettings:
+    mmproj: str
+    offload: bool = True  # the projector on the GPU (where the build has one)
+    image_min_tokens: int = 0  # 0: the projector's own bound
+    image_max_tokens: int = 0
+    n_threads: int = 4
+    cache_bytes: int = 1 << 30  # encoded images kept (LRU), at least the history's
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    model_path: str | None = None  # None: the embedded default model
+    n_ctx: int = 0  # logical context; 0 = the model's training context
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_threads: int | None = None
+    n_threads_batch: int | None = None
+    n_gpu_layers: int = -1
+    flash_attn: bool = True
+    offload_kqv: bool = True
+    cache_types: KVCacheTypes = field(default_factory=KVCacheTypes)
+    kvmem: KVMemConfig = field(default_factory=KVMemConfig)
+    seed: int = -1
+    eval_gate: bool = True  # the native gate in front of the eval callback (eval_gate.py)
+    staging_bytes: int = STAGING_BYTES  # reused blob buffer of harvest/restore; 0 = none
+    spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding
+    vision: VisionSettings | None = None  # --mmproj: images through mtmd
+    placement: GpuPlacement = field(default_factory=GpuPlacement)  # --split-mode/--main-gpu/-ts
+
+    def validate(self) -> None:
+        if self.n_ctx < 0:
+            raise ConfigError("-c", f"context size must be positive, got {self.n_ctx}")
+        if self.n_batch <= 0:
+            raise ConfigError("-b", f"batch size must be positive, got {self.n_batch}")
+        if self.n_ubatch <= 0:
+            raise ConfigError("-ub", f"ubatch size must be positive, got {self.n_ubatch}")
+        self.cache_types.validate()
+        self.kvmem.validate()
+        self.spec.validate()
+        if self.spec.wants_mtp:  # from the GGUF's metadata, before any weights load
+            check_mtp_head(resolve_model_path(self.model_path))
+        if self.cache_types.v.is_quantized and not self.flash_attn:
+            raise ConfigError("-ctv", "a quantized V cache needs flash attention (-fa on)")
