@@ -144,7 +144,7 @@ def test_command_on_a_tiny_synthetic_model(
             "--gen-tokens",
             "16",
             "--configs",
-            "stock,kvmem,kvmem-numpy,offload",
+            "stock,kvmem,kvmem-numpy,kvmem-nocb,offload",
             "-t",
             "2",
             "--out",
@@ -164,6 +164,8 @@ def test_command_on_a_tiny_synthetic_model(
         ("kvmem", 1024, False),
         ("kvmem-numpy", 512, False),
         ("kvmem-numpy", 1024, False),
+        ("kvmem-nocb", 512, False),
+        ("kvmem-nocb", 1024, False),
         ("offload", 512, False),
         ("offload", 1024, False),
     ]
@@ -178,3 +180,8 @@ def test_command_on_a_tiny_synthetic_model(
         assert r["transfer"]["prefill_decode"]["calls"] == r["transfer"]["prefill_gap"]["calls"]
         assert r["transfer"]["prefill_gap"]["calls"] >= 2
     assert kvmem_1k["gpu_cells_peak"] <= 512 + 256
+    # without an eval callback llama.cpp never calls into KVMem; the window still streams
+    nocb_1k = doc["results"][8]
+    assert kvmem_1k["transfer"]["capture"]["calls"] > 0
+    assert "capture" not in nocb_1k["transfer"]
+    assert nocb_1k["host_store_bytes"] == kvmem_1k["host_store_bytes"]

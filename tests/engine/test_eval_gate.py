@@ -11,6 +11,7 @@ import pytest
 
 from kvmem.engine.context import ContextSettings, LlamaContext
 from kvmem.engine.eval_gate import EvalGate, load_gate_library
+from kvmem.engine.host_staging import StagingBuffer
 from kvmem.engine.llama_lib import ggml_base
 from kvmem.engine.model import LlamaModel
 from kvmem.engine.query_capture import QueryCapture
@@ -75,3 +76,51 @@ def test_gated_capture_equals_python_capture(smollm2_path):
     for layer in (2, 5):
         assert gated_rows[layer].shape[0] == len(tokens) - 4
         assert np.array_equal(gated_rows[layer], plain_rows[layer])
+
+
+@pytest.mark.slow
+def test_capture_through_the_arena_reads_the_same_rows(smollm2_path):
+    """Rows read into the (here pageable) arena equal rows read into fresh memory, on the
+    pass that learns the row size (fresh memory) and on the next (all in the arena), and
+    what disarm returns never points into the arena."""
+    model = LlamaModel(smollm2_path)
+    tokens = model.tokenize("The arena must not change what the query capture reads, ever.")
+    passes: dict[bool, list[dict[int, np.ndarray]]] = {}
+    arena_bytes: list[int] = []
+    try:
+        for staged in (False, True):
+            staging = StagingBuffer(None, limit_bytes=1 << 30) if staged else None
+            capture = QueryCapture(ggml_base(), [2, 5], staging=staging)
+            ctx = LlamaContext(
+                model,
+                ContextSettings(n_cells=256, n_batch=64, n_ubatch=8, n_threads=2),
+                capture.callback,
+                capture.user_data,
+            )
+            try:
+                got = []
+                for _ in range(2):
+                    ctx.seq_rm(0, 0, -1)
+                    capture.arm(len(tokens))
+                    ctx.decode(tokens, 0, [False] * len(tokens))
+                    got.append(capture.disarm())
+                    arena_bytes.append(capture.arena_bytes)
+                passes[staged] = got
+                if staging is not None:
+                    base = staging.view(1).ctypes.data
+                    assert staging.capacity > 0
+                    for rows in got[1].values():  # copies, not views of the arena
+                        assert not (base <= rows.ctypes.data < base + staging.capacity)
+                    staging.close()
+            finally:
+                ctx.close()
+    finally:
+        model.close()
+    # the first staged pass learns the row size (all fresh), the second is all in the arena
+    row_bytes = sum(passes[True][1][layer].nbytes for layer in (2, 5))
+    assert arena_bytes == [0, 0, 0, row_bytes]
+    for fresh, staged in zip(passes[False], passes[True], strict=True):
+        assert sorted(staged) == [2, 5]
+        for layer in (2, 5):
+            assert staged[layer].shape[0] == len(tokens)
+            assert np.array_equal(staged[layer], fresh[layer])

@@ -26,6 +26,7 @@ from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
 from kvmem.config import KVCacheTypes, KVMemConfig
 from kvmem.errors import ConfigError
+from kvmem.memory.planner import RetrievalMethod
 from kvmem.models import resolve_model_flag
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ class SweepConfig(Enum):
     KVMEM_PYCB = "kvmem-pycb"  # KVMem with the eval callback in Python (no native gate)
     KVMEM_PLAIN = "kvmem-plain"  # KVMem without the reused (pinned) staging buffer
     KVMEM_NUMPY = "kvmem-numpy"  # KVMem with the numpy copy path (no native kv_copy)
+    KVMEM_RECENCY = "kvmem-recency"  # KVMem recency: query capture on, no block index
+    KVMEM_NOCB = "kvmem-nocb"  # KVMem recency without any eval callback on the context
     OFFLOAD = "offload"
 
     @property
@@ -48,7 +51,14 @@ class SweepConfig(Enum):
             SweepConfig.KVMEM_PYCB,
             SweepConfig.KVMEM_PLAIN,
             SweepConfig.KVMEM_NUMPY,
+            SweepConfig.KVMEM_RECENCY,
+            SweepConfig.KVMEM_NOCB,
         )
+
+    @property
+    def method(self) -> RetrievalMethod:
+        recency = self in (SweepConfig.KVMEM_RECENCY, SweepConfig.KVMEM_NOCB)
+        return RetrievalMethod.RECENCY if recency else RetrievalMethod.RETRIEVAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +214,7 @@ def engine_opener(settings: SweepSettings) -> Callable[[SweepPoint], BenchEngine
             enabled=point.config.is_kvmem,
             budget=settings.budget,
             gen_reserve=settings.gen_reserve,
+            method=point.config.method,
         )
         n_ctx = point.context  # the prompt is context - gen_tokens: generation fills it exactly
         engine = Engine(
@@ -221,6 +232,7 @@ def engine_opener(settings: SweepSettings) -> Callable[[SweepPoint], BenchEngine
                 kvmem=kv,
                 seed=settings.seed,
                 eval_gate=point.config is not SweepConfig.KVMEM_PYCB,
+                query_capture=point.config is not SweepConfig.KVMEM_NOCB,
                 staging_bytes=0 if point.config is SweepConfig.KVMEM_PLAIN else STAGING_BYTES,
             )
         )
@@ -287,7 +299,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--configs",
         default="stock,kvmem",
         help="stock,kvmem,kvmem-pycb (eval callback in Python),kvmem-plain (no staging "
-        "buffer),kvmem-numpy (numpy copy path, no native kv_copy),offload",
+        "buffer),kvmem-numpy (numpy copy path, no native kv_copy),kvmem-recency (recency, "
+        "query capture on),kvmem-nocb (recency, no eval callback on the context),offload",
     )
     p.add_argument("--budget", type=strict_int, default=32768, help="KVMem budget (window size)")
     p.add_argument("--gen-reserve", type=strict_int, default=4096)

@@ -31,7 +31,7 @@ from .media import VisionProjector
 from .model import LlamaModel, ModelInfo
 from .model_path import resolve_model_path
 from .mtp_draft import MtpDrafter
-from .query_capture import QueryCapture
+from .query_capture import QueryCapture, capture_staging
 from .sampler import Sampler
 from .session import KVMemSession
 from .session_persist import SessionPersister, open_tiered_store, store_fingerprint
@@ -200,6 +200,9 @@ class Engine:
         kv, info = self.settings.kvmem, self.info
         if not kv.enabled:
             return None, None
+        if not self.settings.query_capture:
+            logger.info("no eval callback on the main context: the window is recency")
+            return None, None
         if info.rope is None:
             logger.warning("rope type not supported for scoring: falling back to recency")
             return None, None
@@ -220,7 +223,9 @@ class Engine:
         )
         self.key_geometry = geometry
         # recency captures too (for coverage)
-        capture = QueryCapture(ggml_base(), layers, gate=self.settings.eval_gate)
+        capture = QueryCapture(
+            ggml_base(), layers, gate=self.settings.eval_gate, staging=capture_staging()
+        )
         if kv.method is not RetrievalMethod.RETRIEVAL:
             return None, capture  # recency needs no block summaries
         workers = max(1, min(4, (os.cpu_count() or 2) // 4))

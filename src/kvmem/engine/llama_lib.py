@@ -83,19 +83,26 @@ class GgmlBase:
             self._op_names[op] = name
         return name
 
+    def nbytes(self, tensor: int) -> int:
+        return int(self._lib.ggml_nbytes(tensor))
+
     def op_of(self, tensor: int) -> str:
         return self.op_name(_TensorHead.from_address(tensor).op)
 
-    def read_f32(self, tensor: int) -> np.ndarray:
-        """Copy an F32 tensor's data to the host, shaped as ggml's ne reversed."""
+    def read_f32(self, tensor: int, into: np.ndarray | None = None) -> np.ndarray:
+        """Copy an F32 tensor's data to the host, shaped as ggml's ne reversed: into fresh
+        memory, or into the start of `into` (uint8, e.g. a page-locked buffer, which a GPU
+        copies to at bus speed), returning a view of it."""
         head = _TensorHead.from_address(tensor)
         if head.type != 0:
             raise TypeError(f"expected an F32 tensor, got ggml type {head.type}")
         shape = tuple(int(x) for x in reversed(head.ne))
-        out = np.empty(shape, dtype=np.float32)  # [ne3, ne2, ne1, ne0]
-        self._lib.ggml_backend_tensor_get(
-            tensor, out.ctypes.data_as(ctypes.c_void_p), 0, out.nbytes
-        )
+        n_bytes = 4 * int(np.prod(shape, dtype=np.int64))
+        if into is None:
+            out = np.empty(shape, dtype=np.float32)  # [ne3, ne2, ne1, ne0]
+        else:
+            out = into[:n_bytes].view(np.float32).reshape(shape)  # [ne3, ne2, ne1, ne0]
+        self._lib.ggml_backend_tensor_get(tensor, out.ctypes.data_as(ctypes.c_void_p), 0, n_bytes)
         return out
 
 

@@ -15,8 +15,10 @@ from collections.abc import Collection
 import llama_cpp
 import numpy as np
 
+from .capture_arena import ARENA_MAX, CaptureArena
 from .eval_gate import EvalGate, load_gate_library
-from .llama_lib import GgmlBase
+from .host_staging import StagingBuffer
+from .llama_lib import GgmlBase, host_buffer_allocator
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +28,17 @@ _PREFIX = b"Qcur-"
 class QueryCapture:
     """Collects, per scored layer, the query rows of the decodes made while armed."""
 
-    def __init__(self, ggml: GgmlBase, layers: Collection[int], *, gate: bool = True) -> None:
+    def __init__(
+        self,
+        ggml: GgmlBase,
+        layers: Collection[int],
+        *,
+        gate: bool = True,
+        staging: StagingBuffer | None = None,
+    ) -> None:
         self._ggml = ggml
+        self._arena = CaptureArena(staging) if staging is not None else None
+        self._token_bytes: dict[int, int] = {}  # layer -> bytes of one token's query row
         self._wanted = {f"Qcur-{layer}".encode(): layer for layer in layers}
         self._armed = False
         self._rows: dict[int, list[np.ndarray]] = {}
@@ -56,11 +67,19 @@ class QueryCapture:
         return self.gate.calls if self.gate is not None else self.n_calls
 
     @property
+    def arena_bytes(self) -> int:
+        """Bytes of the last armed pass that went through the page-locked arena."""
+        return self._arena.used if self._arena is not None else 0
+
+    @property
     def layers(self) -> tuple[int, ...]:
         return tuple(sorted(self._wanted.values()))
 
-    def arm(self) -> None:
-        """Start collecting; the next decodes' query rows are kept."""
+    def arm(self, n_tokens: int = 0) -> None:
+        """Start collecting; the next decodes' query rows (`n_tokens` of them, if known,
+        which sizes the arena) are kept."""
+        if self._arena is not None:
+            self._arena.start(n_tokens * sum(self._token_bytes.values()))
         self._rows = {layer: [] for layer in self._wanted.values()}
         self._armed = True
         if self.gate is not None:
@@ -71,6 +90,7 @@ class QueryCapture:
         self._armed = False
         if self.gate is not None:
             self.gate.disarm()
+        # concatenate copies: nothing returned points into the arena
         out = {layer: np.concatenate(parts, axis=0) for layer, parts in self._rows.items() if parts}
         self._rows = {}
         return out
@@ -85,8 +105,12 @@ class QueryCapture:
         if ask:
             return True
         t0 = time.perf_counter()
-        data = self._ggml.read_f32(tensor)  # [1, n_tokens, n_head, head_dim]
-        self._rows[layer].append(data.reshape(data.shape[-3:]).copy())
+        n_bytes = self._ggml.nbytes(tensor)
+        into = self._arena.take(n_bytes) if self._arena is not None else None
+        data = self._ggml.read_f32(tensor, into)  # [1, n_tokens, n_head, head_dim]
+        rows = data.reshape(data.shape[-3:])  # [n_tokens, n_head, head_dim]
+        self._token_bytes[layer] = n_bytes // max(1, rows.shape[0])
+        self._rows[layer].append(rows)
         self.read_ms += (time.perf_counter() - t0) * 1e3
         self.read_bytes += data.nbytes
         return True
@@ -95,3 +119,10 @@ class QueryCapture:
 def wants_capture(name: bytes) -> bool:
     """Whether a node name is a query node (for tests and diagnostics)."""
     return name.startswith(_PREFIX)
+
+
+def capture_staging() -> StagingBuffer | None:
+    """Page-locked memory for the capture's arena where the GPU backend offers it (on a
+    CPU build a read into plain memory is already a memcpy, so none)."""
+    allocator = host_buffer_allocator()
+    return StagingBuffer(allocator, ARENA_MAX) if allocator.available else None

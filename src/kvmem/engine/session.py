@@ -405,7 +405,7 @@ class KVMemSession:
     ) -> dict[int, np.ndarray]:
         arm = arm and self.capture is not None
         if arm:
-            self.capture.arm()
+            self.capture.arm(len(chunk))
         try:
             flags = [want_all] * len(chunk)
             flags[-1] = flags[-1] or last

@@ -54,6 +54,10 @@ class EngineSettings:
     kvmem: KVMemConfig = field(default_factory=KVMemConfig)
     seed: int = -1
     eval_gate: bool = True  # the native gate in front of the eval callback (eval_gate.py)
+    # False: the main context gets no eval callback at all, so no query capture and no
+    # retrieval (the window is recency); kvmem-bench decode-sweep measures what the
+    # callback itself costs with it
+    query_capture: bool = True
     staging_bytes: int = STAGING_BYTES  # reused blob buffer of harvest/restore; 0 = none
     spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding
     vision: VisionSettings | None = None  # --mmproj: images through mtmd
