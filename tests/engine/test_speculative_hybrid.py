@@ -12,6 +12,7 @@ import pytest
 
 from kvmem.bench.lookup_drafts import drafted_loop, plain_loop
 from kvmem.engine.context import ContextSettings, LlamaContext
+from kvmem.engine.host_staging import StagingBuffer
 from kvmem.engine.hybrid_codec import HybridSeqState, parse_hybrid_state
 from kvmem.engine.model import LlamaModel
 from kvmem.sampling import SamplingParams
@@ -42,9 +43,13 @@ def plain(model: LlamaModel) -> tuple[list[int], HybridSeqState]:
         ctx.close()
 
 
-@pytest.mark.parametrize("n_rs_seq", [0, 8], ids=["snapshot", "rollback"])
+@pytest.mark.parametrize(
+    ("n_rs_seq", "staged"),
+    [(0, False), (0, True), (8, False)],
+    ids=["snapshot", "snapshot-staged", "rollback"],
+)
 def test_hybrid_greedy_with_drafts_equals_plain(
-    model: LlamaModel, plain: tuple[list[int], HybridSeqState], n_rs_seq: int
+    model: LlamaModel, plain: tuple[list[int], HybridSeqState], n_rs_seq: int, staged: bool
 ) -> None:
     expected, plain_state = plain
     assert len(expected) == N_NEW
@@ -56,8 +61,13 @@ def test_hybrid_greedy_with_drafts_equals_plain(
     ctx = LlamaContext(model, ContextSettings(n_cells=128, n_threads=1, n_rs_seq=n_rs_seq))
     try:
         assert ctx.n_rs_seq == n_rs_seq  # qwen35 supports rollback planes
-        run = drafted_loop(ctx, PROMPT, N_NEW, oracle, GREEDY)
+        # the snapshots in one reused buffer (pageable here; page-locked on a GPU build)
+        staging = StagingBuffer(None, limit_bytes=1 << 30) if staged else None
+        run = drafted_loop(ctx, PROMPT, N_NEW, oracle, GREEDY, staging=staging)
         state = parse_hybrid_state(bytes(ctx.get_state(0)), cell_ext=True)
+        if staging is not None:
+            assert staging.capacity > 0  # every rejected step's snapshot went through it
+            staging.close()
     finally:
         ctx.close()
     assert run.tokens == expected

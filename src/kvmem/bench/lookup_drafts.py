@@ -26,6 +26,7 @@ from kvmem.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from kvmem.engine.context import LlamaContext
+    from kvmem.engine.host_staging import StagingBuffer
 
 GREEDY = SamplingParams(temperature=0.0)
 Drafter = Callable[[list[int], int], list[int]]  # (history, tokens emitted so far) -> draft
@@ -81,8 +82,10 @@ def drafted_loop(
     n_new: int,
     drafter: Drafter,
     params: SamplingParams = GREEDY,
+    staging: StagingBuffer | None = None,
 ) -> LoopRun:
-    """The same generation, each step verifying `drafter`'s proposal in one batch."""
+    """The same generation, each step verifying `drafter`'s proposal in one batch
+    (`staging`: where a hybrid's recurrent snapshots go, as verify_draft's)."""
     from kvmem.engine.sampler import Sampler
     from kvmem.engine.speculative import verify_draft
 
@@ -96,7 +99,7 @@ def drafted_loop(
         while len(run.tokens) < n_new and not ctx.model.is_eog(run.tokens[-1]):
             room = min(n_new - len(run.tokens) - 1, ctx.n_batch - 1)  # a step emits k + 1
             draft = drafter([*prompt, *run.tokens], len(run.tokens))[:room]
-            result = verify_draft(ctx, sampler, pos, run.tokens[-1], draft)
+            result = verify_draft(ctx, sampler, pos, run.tokens[-1], draft, staging=staging)
             run.steps += 1
             run.drafted += result.n_drafted
             run.accepted += result.n_accepted

@@ -412,6 +412,8 @@ class Engine:
         if isinstance(self.session.index, BackgroundIndex):
             self.session.index.close()
         self.session.transfer.close()  # the pinned staging buffer
+        if self.session.spec is not None:
+            self.session.spec.close()  # its pinned snapshot buffer
         if self.mtp is not None:
             self.mtp.close()
         self.ctx.close()

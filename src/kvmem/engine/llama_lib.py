@@ -17,6 +17,8 @@ import numpy as np
 from llama_cpp import llama_cpp as lc  # noqa: F401  (re-exported for the engine)
 from llama_cpp._ctypes_extensions import load_shared_library
 
+from .host_staging import StagingBuffer
+
 logger = logging.getLogger(__name__)
 llama_log = logging.getLogger("llama_cpp.native")
 
@@ -187,6 +189,13 @@ class HostBufferAllocator:
 
 
 _host_alloc: HostBufferAllocator | None = None
+
+
+def pinned_staging(limit_bytes: int) -> StagingBuffer | None:
+    """A reused page-locked buffer where the GPU backend offers a host buffer type; None
+    on a CPU build (plain memory is then no faster than owned arrays)."""
+    allocator = host_buffer_allocator()
+    return StagingBuffer(allocator, limit_bytes) if allocator.available else None
 
 
 def host_buffer_allocator() -> HostBufferAllocator:

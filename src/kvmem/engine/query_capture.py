@@ -18,7 +18,7 @@ import numpy as np
 from .capture_arena import ARENA_MAX, CaptureArena
 from .eval_gate import EvalGate, load_gate_library
 from .host_staging import StagingBuffer
-from .llama_lib import GgmlBase, host_buffer_allocator
+from .llama_lib import GgmlBase, pinned_staging
 
 logger = logging.getLogger(__name__)
 
@@ -124,5 +124,4 @@ def wants_capture(name: bytes) -> bool:
 def capture_staging() -> StagingBuffer | None:
     """Page-locked memory for the capture's arena where the GPU backend offers it (on a
     CPU build a read into plain memory is already a memcpy, so none)."""
-    allocator = host_buffer_allocator()
-    return StagingBuffer(allocator, ARENA_MAX) if allocator.available else None
+    return pinned_staging(ARENA_MAX)

@@ -20,6 +20,7 @@ from kvmem.errors import KVTransferError
 
 from .batch_rows import MAIN_SEQ
 from .context import LlamaContext
+from .host_staging import StagingBuffer
 from .hybrid_codec import RecurrentState, parse_partial_state
 
 logger = logging.getLogger(__name__)
@@ -48,11 +49,18 @@ def read_recurrent(ctx: LlamaContext, seq: int = MAIN_SEQ) -> RecurrentState:
     return parse_partial_state(ctx.get_state(seq, PARTIAL_ONLY)).recurrent
 
 
-def snapshot_recurrent(ctx: LlamaContext, seq: int = MAIN_SEQ) -> RecurrentSnapshot:
-    """Copy the sequence's recurrent state to the host (the blob is validated by parsing)."""
+def snapshot_recurrent(
+    ctx: LlamaContext, seq: int = MAIN_SEQ, staging: StagingBuffer | None = None
+) -> RecurrentSnapshot:
+    """Copy the sequence's recurrent state to the host (the blob is validated by parsing):
+    into owned memory, or, with `staging`, into that reused (page-locked) buffer, and then
+    the snapshot is valid only until the buffer's next use (a verification step's own)."""
     if not ctx.model.is_hybrid and not ctx.model.is_recurrent:
         raise KVTransferError("the model has no recurrent layers: nothing to snapshot")
-    blob = np.array(ctx.get_state(seq, PARTIAL_ONLY), dtype=np.uint8)  # [n_bytes], owned
+    if staging is not None:
+        blob = np.frombuffer(ctx.get_state(seq, PARTIAL_ONLY, staging), dtype=np.uint8)
+    else:
+        blob = np.array(ctx.get_state(seq, PARTIAL_ONLY), dtype=np.uint8)  # [n_bytes], owned
     state = parse_partial_state(blob).recurrent
     pos = int(state.positions.max()) if len(state.positions) else -1
     logger.debug("recurrent snapshot of seq %d at pos %d: %d bytes", seq, pos, blob.nbytes)

@@ -28,6 +28,8 @@ from kvmem.memory.ngram_draft import NgramDraftParams, draft_ngram
 from kvmem.spec_config import SpecConfig, SpecType
 
 from .draft_gate import DraftGate
+from .host_staging import StagingBuffer
+from .llama_lib import pinned_staging
 from .sampler import Sampler
 from .speculative import verify_draft
 from .trace import TurnStats
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
     from .session import KVMemSession
 
 logger = logging.getLogger(__name__)
+
+SNAPSHOT_BYTES = 1 << 30  # a recurrent snapshot larger than this goes to owned memory
 
 Drafter = Callable[[np.ndarray, int], list[int]]  # (history incl. the last token, n) -> draft
 
@@ -60,6 +64,8 @@ class SpecDecoder:
         self.drafter = drafter
         # drafts only while they are faster than plain steps (None: every step drafts)
         self.gate = DraftGate() if config.gate else None
+        self._staging: StagingBuffer | None = None  # a hybrid's recurrent snapshots
+        self._staging_checked = False
 
     def step(
         self,
@@ -92,13 +98,36 @@ class SpecDecoder:
             history = np.append(table.token_array(), token)  # [n_tokens + 1]
             draft = self.drafter(history, n)[:n]
         window.note_decode()
-        result = verify_draft(session.ctx, sampler, pos, token, draft, is_eog, rows_out=logits_out)
+        result = verify_draft(
+            session.ctx,
+            sampler,
+            pos,
+            token,
+            draft,
+            is_eog,
+            rows_out=logits_out,
+            staging=self._snapshot_staging(session) if draft else None,
+        )
         window.append([token, *draft[: result.n_accepted]], stats)
         if n > 0 and self.gate is not None:
             self.gate.record(bool(draft), time.perf_counter() - t0, len(result.tokens))
         stats.draft_n += result.n_drafted
         stats.draft_n_accepted += result.n_accepted
         return result.tokens
+
+    def _snapshot_staging(self, session: KVMemSession) -> StagingBuffer | None:
+        """The page-locked buffer for a hybrid's recurrent snapshots, made on first need
+        (None on a CPU build or a plain model: the snapshot then goes to owned memory)."""
+        if not self._staging_checked:
+            self._staging_checked = True
+            if session.ctx.model.is_hybrid:
+                self._staging = pinned_staging(SNAPSHOT_BYTES)
+        return self._staging
+
+    def close(self) -> None:
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
 
 
 def spec_decoder(config: SpecConfig, mtp: Drafter | None = None) -> SpecDecoder | None:

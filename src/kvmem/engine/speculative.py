@@ -29,6 +29,7 @@ from kvmem.errors import DecodeError
 
 from .batch_rows import MAIN_SEQ
 from .context import LlamaContext
+from .host_staging import StagingBuffer
 from .recurrent_state import RecurrentSnapshot, rewind, snapshot_recurrent
 from .sampler import Sampler
 
@@ -77,10 +78,13 @@ def verify_draft(
     draft: Sequence[int],
     is_eog: Callable[[int], bool] | None = None,
     rows_out: list[np.ndarray] | None = None,
+    staging: StagingBuffer | None = None,
 ) -> VerifyResult:
     """Decode `[last_token, *draft]` at `pos ..` in one batch, accept the longest agreeing
     prefix of the draft, and remove the cells of the rejected rest (see the module doc).
-    `rows_out` receives the logits row of every emitted token."""
+    `rows_out` receives the logits row of every emitted token. `staging`: where a hybrid's
+    recurrent snapshot goes (page-locked on a GPU: on the H200 a 27b-shape snapshot read and
+    written back through pageable memory cost ~0.2 s a rejected step)."""
     n = len(draft)
     if 1 + n > ctx.n_batch:
         raise DecodeError(f"a draft of {n} tokens does not fit the batch of {ctx.n_batch}")
@@ -88,7 +92,7 @@ def verify_draft(
     hybrid = ctx.model.is_hybrid
     snapshot: RecurrentSnapshot | None = None
     if hybrid and n and ctx.n_rs_seq < n:
-        snapshot = snapshot_recurrent(ctx)
+        snapshot = snapshot_recurrent(ctx, staging=staging)
     ctx.decode([last_token, *draft], pos, [True] * (1 + n))
     result = accept_draft(ctx, sampler, draft, range(1 + n), eog)
     if rows_out is not None:
