@@ -26,6 +26,13 @@ class QueryReplay(Enum):
     OFF = "off"
 
 
+class QuerySource(Enum):
+    """Which llama context computes the retrieval query's vectors."""
+
+    MAIN = "main"  # the main context, through its eval callback
+    SCORING = "scoring"  # a second small context (sink + query); the main one has no callback
+
+
 class QueryPolicy(Enum):
     """Which tokens form the retrieval query."""
 
@@ -77,6 +84,7 @@ class KVMemConfig:
     query_replay: QueryReplay = QueryReplay.AUTO
     query_policy: QueryPolicy = QueryPolicy.AGENT
     query_max_tokens: int = 512
+    query_source: QuerySource = QuerySource.MAIN
     control_tokens: int = -1  # bound of the control tier; -1: budget / 4
     trajectory_tokens: int = -1  # bound of the trajectory tier; -1: budget / 4
     stream_tokens: int = -1  # newest tokens a prefill chunk sees; -1: budget / 2

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import pytest
 
 from kvmem.chat.prompt import build_prompt_tokens
 from kvmem.chat.template import ChatTemplate
-from kvmem.config import KVMemConfig
+from kvmem.config import KVMemConfig, QuerySource
 from kvmem.memory.planner import RetrievalMethod, Tier
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
@@ -73,18 +74,23 @@ def agent_messages(n_rounds: int) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def engines(smollm2_path):
-    made = {
-        method: make_engine(
-            smollm2_path,
-            n_ctx=8192,
-            kvmem=KVMemConfig(budget=1024, gen_reserve=256, method=method, trace=True),
-            trace=io.StringIO(),
+    """recency, and retrieval with the query vectors from the main context (`main`) or
+    from the scoring context (`scoring`: the main context has no eval callback)."""
+
+    def engine(method: RetrievalMethod, source: QuerySource = QuerySource.MAIN):
+        kv = KVMemConfig(
+            budget=1024, gen_reserve=256, method=method, trace=True, query_source=source
         )
-        for method in RetrievalMethod
+        return make_engine(smollm2_path, n_ctx=8192, kvmem=kv, trace=io.StringIO())
+
+    made = {
+        "recency": engine(RetrievalMethod.RECENCY),
+        "main": engine(RetrievalMethod.RETRIEVAL),
+        "scoring": engine(RetrievalMethod.RETRIEVAL, QuerySource.SCORING),
     }
     yield made
-    for engine in made.values():
-        engine.close()
+    for e in made.values():
+        e.close()
 
 
 def _fact_blocks(engine, tokens: list[int], text: str, bt: int = 128) -> set[int]:
@@ -95,8 +101,10 @@ def _fact_blocks(engine, tokens: list[int], text: str, bt: int = 128) -> set[int
     return set(TokenSpan(start, start + 6).blocks(bt))
 
 
-def test_agent_loop_restores_the_early_tool_result(engines):
-    engine = engines[RetrievalMethod.RETRIEVAL]
+@pytest.mark.parametrize("source", ["main", "scoring"])
+def test_agent_loop_restores_the_early_tool_result(engines, source):
+    engine = engines[source]
+    engine.reset()
     template = ChatTemplate.from_engine_info(engine.info, None)
     prompt = build_prompt_tokens(engine, template, agent_messages(8), tools=TOOLS)
     spans = prompt.spans
@@ -112,13 +120,15 @@ def test_agent_loop_restores_the_early_tool_result(engines):
     assert set(plan.tier(Tier.QUERY)) <= set(spans.query.blocks(128))
     assert fact & set(plan.retrieved), (fact, plan.tiers)
     assert engine.last_turn.stage_in_blocks > 0
-    recency = engines[RetrievalMethod.RECENCY]
+    recency = engines["recency"]
+    recency.reset()
     list(recency.generate(prompt.tokens, query=spans, sampling=GREEDY, max_tokens=4))
     assert not fact & set(recency.session.last_plan.selected)
 
 
-def test_raw_prompt_with_no_user_message_retrieves_from_its_tail(engines):
-    engine = engines[RetrievalMethod.RETRIEVAL]
+@pytest.mark.parametrize("source", ["main", "scoring"])
+def test_raw_prompt_with_no_user_message_retrieves_from_its_tail(engines, source):
+    engine = engines[source]
     engine.reset()
     doc = (
         FILLER * 60
@@ -136,7 +146,30 @@ def test_raw_prompt_with_no_user_message_retrieves_from_its_tail(engines):
         range(len(tokens) - 512, len(tokens))
     )
     assert fact & set(plan.retrieved) and engine.last_turn.stage_in_blocks > 0
-    recency = engines[RetrievalMethod.RECENCY]
+    recency = engines["recency"]
     recency.reset()
     list(recency.generate(tokens, query=PromptSpans(), sampling=GREEDY, max_tokens=8))
     assert not fact & set(recency.session.last_plan.selected)
+
+
+def test_scoring_context_reads_the_main_contexts_rows_for_a_prompt_that_is_all_query(engines):
+    """A prompt shorter than the query bound is its own query from position 0: the scoring
+    context decodes exactly what the main context decoded, so the rows are the same; and
+    with that source the main context carries no eval callback at all."""
+    tokens = engines["main"].tokenize(FILLER * 8 + FACT, add_special=True)
+    assert 128 < len(tokens) < 512
+    rows = {}
+    for source in ("main", "scoring"):
+        engine = engines[source]
+        engine.reset()
+        list(engine.generate(tokens, query=None, sampling=GREEDY, max_tokens=2))
+        query = engine.session.last_query
+        assert query.positions.tolist() == list(range(len(tokens)))
+        rows[source] = query.by_layer
+    assert engines["main"].ctx._callback is not None and engines["main"].scoring is None
+    scoring = engines["scoring"]
+    assert scoring.ctx._callback is None and scoring.scoring.ctx._callback is not None
+    assert sorted(rows["scoring"]) == sorted(rows["main"])
+    for layer, main_rows in rows["main"].items():
+        assert rows["scoring"][layer].shape == main_rows.shape
+        np.testing.assert_array_equal(rows["scoring"][layer], main_rows)

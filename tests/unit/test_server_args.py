@@ -9,7 +9,7 @@ import pytest
 
 from kvmem.cli.server_args import SERVER_FLAGS, build_server_parser
 from kvmem.cli.server_config import load_server_settings
-from kvmem.config import KVMemConfig
+from kvmem.config import KVMemConfig, QuerySource
 from kvmem.engine import EngineSettings, GpuPlacement
 from kvmem.errors import ConfigError
 from kvmem.memory.exact_scorer import RankMode
@@ -263,6 +263,7 @@ def test_gpu_layers_and_flash_attn_values() -> None:
         (["--kvmem-rank", "oracle"], "--kvmem-rank"),
         (["--kvmem-stream-cap", "-1"], "--kvmem-stream-cap"),
         (["--kvmem-query-policy", "x"], "--kvmem-query-policy"),
+        (["--kvmem-query-source", "gpu"], "--kvmem-query-source"),
         (["--kvmem-query-max-tokens", "0"], "--kvmem-query-max-tokens"),
         (["--kvmem-score-layers", "a,b"], "--kvmem-score-layers"),
         (["--kvmem-score-layers", "-1"], "--kvmem-score-layers"),
@@ -329,3 +330,6 @@ def test_retrieval_flags_reach_the_kvmem_config() -> None:
     assert load().engine.kvmem.rank is RankMode.SUMMARY and load().engine.kvmem.stream_cap == 0
     s = load("--kvmem-rank", "rerank", "--kvmem-stream-cap", "640")
     assert s.engine.kvmem.rank is RankMode.RERANK and s.engine.kvmem.stream_cap == 640
+    assert load().engine.kvmem.query_source is QuerySource.MAIN
+    s = load("--kvmem-query-source", "scoring")
+    assert s.engine.kvmem.query_source is QuerySource.SCORING

@@ -21,6 +21,7 @@ PATHS = (
     "state_set",
     "prefill_decode",  # llama_decode of the prefill chunks
     "prefill_gap",  # the caller between those decodes (includes harvest and eviction)
+    "scoring_decode",  # --kvmem-query-source scoring: the query spans on the small context
 )
 # the time harvest holds the caller: copy_out runs on the copy threads, copy_wait is the
 # part of it the caller waited for (all of it without copy threads)

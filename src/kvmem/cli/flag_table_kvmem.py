@@ -104,6 +104,10 @@ KVMEM_TABLE: tuple[Flag, ...] = (
             "user (the last user message) or tail (the prompt's tail); without a user message "
             "the query is the prompt's tail"),
     _int("query-max-tokens", "last N tokens of the query used", _D.query_max_tokens),
+    _choice("query-source", _D.query_source,
+            "where the query vectors come from: main (the main context's eval callback) or "
+            "scoring (a second small context that decodes the sink and the query; the main "
+            "context then runs without an eval callback, as stock llama.cpp)"),
     _int("control-tokens", "bound of the control-text tier (system prompt, tool definitions)",
          -1, "-1 = budget/4"),
     _int("trajectory-tokens",

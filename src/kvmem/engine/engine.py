@@ -14,6 +14,7 @@ from dataclasses import replace
 import llama_cpp
 import numpy as np
 
+from kvmem.config import QuerySource
 from kvmem.errors import ConfigError, InvalidRequestError
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
@@ -33,6 +34,7 @@ from .model_path import resolve_model_path
 from .mtp_draft import MtpDrafter
 from .query_capture import QueryCapture, capture_staging
 from .sampler import Sampler
+from .scoring_context import ScoringContext
 from .session import KVMemSession
 from .session_persist import SessionPersister, open_tiered_store, store_fingerprint
 from .settings import EngineSettings
@@ -87,12 +89,23 @@ class Engine:
             type_v=settings.cache_types.v,
             offload_kqv=settings.offload_kqv,
         )
+        # the main context's callback: the capture's, unless a scoring context reads the query
+        scored_apart = capture is not None and kv.query_source is QuerySource.SCORING
+        main_capture = None if scored_apart else capture
         self.ctx = LlamaContext(
             self.model,
             ctx_settings,
-            capture.callback if capture else None,
-            capture.user_data if capture else None,
+            main_capture.callback if main_capture else None,
+            main_capture.user_data if main_capture else None,
         )
+        self._main_capture = main_capture
+        self.scoring: ScoringContext | None = None
+        if scored_apart:
+            assert capture is not None
+            sink = kv.sink_blocks * kv.block_tokens
+            self.scoring = ScoringContext(
+                self.model, ctx_settings, capture, sink, kv.query_max_tokens
+            )
         self.vision: VisionProjector | None = None
         if settings.vision is not None:
             self.vision = VisionProjector(self.model, settings.vision)
@@ -110,12 +123,13 @@ class Engine:
             kv,
             n_ctx,
             index,
-            capture,
+            main_capture,
             self.tracer,
             self.is_eog,
             store=store,
             staging_bytes=settings.staging_bytes,
             spec=spec_decoder(settings.spec, self.mtp),
+            scoring=self.scoring,
         )
         if self.disk_store is not None:
             self._load_stored_session(index)
@@ -171,12 +185,13 @@ class Engine:
             kv,
             self.info.n_ctx,
             index,
-            self._capture,
+            self._main_capture,
             self.tracer,
             self.is_eog,
             store,
             staging_bytes=self.settings.staging_bytes,
             spec=spec_decoder(self.settings.spec, self.mtp),
+            scoring=self.scoring,
         )
 
     def _fingerprint(self, index: RetrievalIndex | None) -> dict[str, str]:
@@ -416,6 +431,8 @@ class Engine:
             self.session.spec.close()  # its pinned snapshot buffer
         if self.mtp is not None:
             self.mtp.close()
+        if self.scoring is not None:
+            self.scoring.close()
         self.ctx.close()
         if self.vision is not None:
             self.vision.close()

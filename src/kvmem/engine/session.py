@@ -35,6 +35,7 @@ from .kv_transfer import KVTransfer
 from .query_capture import QueryCapture
 from .replay_ssm import ReplaySSM
 from .sampler import Sampler
+from .scoring_context import ScoringContext
 from .spec_decode import SpecDecoder
 from .trace import FinishReason, TraceKind, Tracer, TurnStats
 from .transfer_profile import TransferPath
@@ -58,6 +59,7 @@ class KVMemSession:
         store: BlockStore | None = None,  # the block store; None: a RAM HostStore
         staging_bytes: int = STAGING_BYTES,  # the transfers' reused blob buffer; 0 = none
         spec: SpecDecoder | None = None,  # speculative decoding (spec_decode.py)
+        scoring: ScoringContext | None = None,  # --kvmem-query-source scoring
     ) -> None:
         self.ctx = ctx
         self.config = config
@@ -65,7 +67,8 @@ class KVMemSession:
         self.table = BlockTable(config.block_tokens)
         self.store = HostStore() if store is None else store
         self.index = index
-        self.capture = capture if config.enabled else None
+        self.capture = capture if config.enabled else None  # on the main context
+        self.scoring = scoring if config.enabled else None  # or on a context of its own
         self.tracer = tracer
         self._is_eog = is_eog
         capacity = min(config.gpu_cells, ctx.n_cells) if config.enabled else ctx.n_cells
@@ -256,7 +259,10 @@ class KVMemSession:
             self.ssm.plan_prefill(reused, n, spans, pin, bt)
         suffix = list(prompt[reused:])
         stats.prefill_tokens = len(suffix)
-        captured = self._decode(suffix, stats, capture=wanted, spans=spans)
+        on_main = wanted if self.scoring is None else ()
+        captured = self._decode(suffix, stats, capture=on_main, spans=spans)
+        if self.scoring is not None:
+            captured = self._score_apart(wanted, prompt)
         qvec = self._query_vectors(wanted, captured, prompt)
         if self.config.enabled:
             self._reselect(spans, qvec, n, stats)
@@ -309,7 +315,7 @@ class KVMemSession:
 
     def _capture_spans(self, spans: PromptSpans, n: int) -> tuple[TokenSpan, ...]:
         """The token spans whose query vectors score the blocks."""
-        if self.capture is None or spans.query is None:
+        if (self.capture is None and self.scoring is None) or spans.query is None:
             return ()
         q = self.config.query_max_tokens
         out = [spans.query.last(q)]
@@ -318,6 +324,23 @@ class KVMemSession:
             if traj.length and traj != out[0]:
                 out.append(traj)
         return tuple(out)
+
+    def _score_apart(
+        self, wanted: tuple[TokenSpan, ...], prompt: Sequence[int]
+    ) -> dict[TokenSpan, dict[int, np.ndarray]]:
+        """The wanted spans' rows from the scoring context, for spans not kept from an
+        earlier turn (the same tokens at the same positions give the same rows)."""
+        assert self.scoring is not None
+        missing = [
+            s for s in wanted if (s.start, tuple(prompt[s.start : s.end])) not in self._queries
+        ]
+        t0 = time.perf_counter()
+        rows = self.scoring.query_rows(prompt, missing)
+        if missing:
+            self.transfer.profile.add(
+                TransferPath.SCORING_DECODE, (time.perf_counter() - t0) * 1e3, calls=len(missing)
+            )
+        return rows
 
     def _query_vectors(
         self,

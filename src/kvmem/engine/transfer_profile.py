@@ -36,6 +36,7 @@ class TransferPath(Enum):
     # the caller's time in the prefill loop outside llama_decode: streaming the window
     # (harvest and evict, also timed above), table bookkeeping, waiting for the GIL
     PREFILL_GAP = "prefill_gap"
+    SCORING_DECODE = "scoring_decode"  # the scoring context's decode of sink + query spans
 
 
 @dataclass(slots=True)

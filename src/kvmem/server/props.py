@@ -78,6 +78,7 @@ def kvmem_body(settings: ServerSettings, n_ctx: int) -> dict[str, Any]:
         "method": kv.method.value,
         "query_replay": kv.query_replay.value,
         "query_policy": kv.query_policy.value,
+        "query_source": kv.query_source.value,
         "query_max_tokens": kv.query_max_tokens,
         "tier_tokens": kv.tier_tokens(),
         "score_layers": list(kv.score_layers),
