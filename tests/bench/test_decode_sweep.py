@@ -144,7 +144,7 @@ def test_command_on_a_tiny_synthetic_model(
             "--gen-tokens",
             "16",
             "--configs",
-            "stock,kvmem,kvmem-numpy,kvmem-nocb,offload",
+            "stock,kvmem,kvmem-numpy,kvmem-nocb,kvmem-scoring,offload",
             "-t",
             "2",
             "--out",
@@ -166,6 +166,8 @@ def test_command_on_a_tiny_synthetic_model(
         ("kvmem-numpy", 1024, False),
         ("kvmem-nocb", 512, False),
         ("kvmem-nocb", 1024, False),
+        ("kvmem-scoring", 512, False),
+        ("kvmem-scoring", 1024, False),
         ("offload", 512, False),
         ("offload", 1024, False),
     ]
@@ -185,3 +187,8 @@ def test_command_on_a_tiny_synthetic_model(
     assert kvmem_1k["transfer"]["capture"]["calls"] > 0
     assert "capture" not in nocb_1k["transfer"]
     assert nocb_1k["host_store_bytes"] == kvmem_1k["host_store_bytes"]
+    # the scoring context reads the query: the callback runs, on the small context only
+    scoring_1k = doc["results"][10]
+    assert scoring_1k["transfer"]["scoring_decode"]["calls"] >= 1
+    assert scoring_1k["transfer"]["capture"]["calls"] > 0
+    assert scoring_1k["host_store_bytes"] == kvmem_1k["host_store_bytes"]

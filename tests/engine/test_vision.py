@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvmem.bench.synth_mmproj import MmprojShape, write_mmproj
-from kvmem.config import KVMemConfig
+from kvmem.config import KVMemConfig, QuerySource
 from kvmem.engine import Engine
 from kvmem.engine.media import is_standin
 from kvmem.engine.settings import VisionSettings
@@ -156,3 +156,29 @@ def test_image_group_is_evicted_and_restored_whole(smollm2_path, tmp_path):
         assert engine.last_turn.cached_tokens >= group.end
     finally:
         engine.close()
+
+
+def test_scoring_context_decodes_a_query_with_an_image(engine, smollm2_path, mmproj):
+    """With --kvmem-query-source scoring a query span holding image rows is decoded by the
+    scoring context through the same projector: for a prompt that is all query the rows
+    equal the main context's."""
+    kv = KVMemConfig(budget=4096, gen_reserve=512, query_source=QuerySource.SCORING)
+    scoring = _vision_engine(smollm2_path, mmproj, kvmem=kv)
+    try:
+        rows = {}
+        for name, e in (("main", engine), ("scoring", scoring)):
+            e.reset()
+            prompt = (
+                e.tokenize("Look:", add_special=True)
+                + _items(e, _image(7))
+                + e.tokenize(" What is it?")
+            )
+            list(e.generate(prompt, query=None, sampling=GREEDY, max_tokens=2))
+            assert e.session.last_query.positions.tolist() == list(range(len(prompt)))
+            rows[name] = e.session.last_query.by_layer
+        assert scoring.ctx._callback is None
+        assert sorted(rows["scoring"]) == sorted(rows["main"])
+        for layer, want in rows["main"].items():
+            np.testing.assert_array_equal(rows["scoring"][layer], want)
+    finally:
+        scoring.close()

@@ -110,6 +110,8 @@ class Engine:
         if settings.vision is not None:
             self.vision = VisionProjector(self.model, settings.vision)
             self.ctx.vision = self.vision  # decodes the image rows of a prompt
+            if self.scoring is not None:  # a query span may hold image rows too
+                self.scoring.ctx.vision = self.vision
         self.mtp: MtpDrafter | None = None  # --spec-type draft-mtp: the draft context
         if settings.spec.wants_mtp:
             self.mtp = MtpDrafter(
