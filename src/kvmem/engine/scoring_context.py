@@ -15,7 +15,6 @@ What that costs in recall is measured in docs/benchmarks.md.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -50,8 +49,6 @@ class ScoringContext:
         self.capture = capture
         self.sink_tokens = sink_tokens
         self.max_span_tokens = max_span_tokens
-        self.decoded_tokens = 0  # tokens decoded here (sink + spans), for the profile
-        self.decode_ms = 0.0
         logger.info("scoring context: %d cells (sink %d + query %d)", cells, sink_tokens, need)
 
     def query_rows(
@@ -62,12 +59,10 @@ class ScoringContext:
         return {span: self._span_rows(prompt, span) for span in spans}
 
     def _span_rows(self, prompt: Sequence[int], span: TokenSpan) -> dict[int, np.ndarray]:
-        if span.length > self.max_span_tokens:
-            raise ValueError(f"span of {span.length} tokens > {self.max_span_tokens}")
+        assert span.length <= self.max_span_tokens, (span, self.max_span_tokens)
         head = min(self.sink_tokens, span.start)  # the sink's tokens before the span
         tokens = [*prompt[:head], *prompt[span.start : span.end]]
         start = span.start - head  # the sink sits right before the span
-        t0 = time.perf_counter()
         self.ctx.clear()
         parts: dict[int, list[np.ndarray]] = {}
         for c0 in range(0, len(tokens), self.ctx.n_batch):
@@ -79,8 +74,6 @@ class ScoringContext:
                 got = self.capture.disarm()
             for layer, rows in got.items():
                 parts.setdefault(layer, []).append(rows)
-        self.decoded_tokens += len(tokens)
-        self.decode_ms += (time.perf_counter() - t0) * 1e3
         # [span.length, n_head, head_dim] per layer: the span's rows, the sink's dropped
         return {layer: np.concatenate(p, axis=0)[head:] for layer, p in parts.items()}
 
