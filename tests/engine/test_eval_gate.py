@@ -39,6 +39,11 @@ def test_gate_forwards_only_while_armed():
     assert call(11, True, user) is False and (gate.calls, gate.forwarded) == (5, 2)
 
 
+def _captured_context(model: LlamaModel, capture: QueryCapture, n_ubatch: int) -> LlamaContext:
+    settings = ContextSettings(n_cells=256, n_batch=64, n_ubatch=n_ubatch, n_threads=2)
+    return LlamaContext(model, settings, capture.callback, capture.user_data)
+
+
 @pytest.mark.slow
 def test_gated_capture_equals_python_capture(smollm2_path):
     model = LlamaModel(smollm2_path)
@@ -48,12 +53,7 @@ def test_gated_capture_equals_python_capture(smollm2_path):
         for gated in (True, False):
             capture = QueryCapture(ggml_base(), [2, 5], gate=gated)
             assert (capture.gate is not None) is gated
-            ctx = LlamaContext(
-                model,
-                ContextSettings(n_cells=256, n_batch=64, n_ubatch=64, n_threads=2),
-                capture.callback,
-                capture.user_data,
-            )
+            ctx = _captured_context(model, capture, n_ubatch=64)
             try:
                 ctx.decode(tokens[:4], 0, [False] * 4)  # disarmed: nothing reaches Python
                 python_calls = capture.n_calls
@@ -91,12 +91,7 @@ def test_capture_through_the_arena_reads_the_same_rows(smollm2_path):
         for staged in (False, True):
             staging = StagingBuffer(None, limit_bytes=1 << 30) if staged else None
             capture = QueryCapture(ggml_base(), [2, 5], staging=staging)
-            ctx = LlamaContext(
-                model,
-                ContextSettings(n_cells=256, n_batch=64, n_ubatch=8, n_threads=2),
-                capture.callback,
-                capture.user_data,
-            )
+            ctx = _captured_context(model, capture, n_ubatch=8)
             try:
                 got = []
                 for _ in range(2):

@@ -331,9 +331,7 @@ class KVMemSession:
         """The wanted spans' rows from the scoring context, for spans not kept from an
         earlier turn (the same tokens at the same positions give the same rows)."""
         assert self.scoring is not None
-        missing = [
-            s for s in wanted if (s.start, tuple(prompt[s.start : s.end])) not in self._queries
-        ]
+        missing = [s for s in wanted if query_key(s, prompt) not in self._queries]
         t0 = time.perf_counter()
         rows = self.scoring.query_rows(prompt, missing)
         if missing:
@@ -352,7 +350,7 @@ class KVMemSession:
         processed it (the same tokens at the same positions)."""
         parts: list[QueryVectors] = []
         for span in wanted:
-            key = (span.start, tuple(prompt[span.start : span.end]))
+            key = query_key(span, prompt)
             rows = captured.get(span, {})
             if rows and all(len(r) == span.length for r in rows.values()):
                 positions = np.arange(span.start, span.end, dtype=np.int64)  # [n_tokens]
@@ -455,6 +453,12 @@ class KVMemSession:
         stats.truncated_tokens += self.table.n_tokens - n_keep
         dropped = self.window.truncate(n_keep, stats, keep_window=False)
         self.tracer.emit(TraceKind.TRUNCATE, keep=n_keep, dropped_blocks=dropped)
+
+
+def query_key(span: TokenSpan, prompt: Sequence[int]) -> tuple[int, tuple[int, ...]]:
+    """The query-vector cache's key: a span's vectors are the same for the same tokens at
+    the same positions."""
+    return span.start, tuple(prompt[span.start : span.end])
 
 
 def del_oldest(cache: collections.OrderedDict, size: int) -> None:

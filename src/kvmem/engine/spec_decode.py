@@ -64,8 +64,9 @@ class SpecDecoder:
         self.drafter = drafter
         # drafts only while they are faster than plain steps (None: every step drafts)
         self.gate = DraftGate() if config.gate else None
-        self._staging: StagingBuffer | None = None  # a hybrid's recurrent snapshots
-        self._staging_checked = False
+        # where a hybrid's recurrent snapshots go (page-locked; memory only on first use,
+        # so nothing on a plain model; None on a CPU build: owned memory per snapshot)
+        self._staging: StagingBuffer | None = pinned_staging(SNAPSHOT_BYTES)
 
     def step(
         self,
@@ -106,7 +107,7 @@ class SpecDecoder:
             draft,
             is_eog,
             rows_out=logits_out,
-            staging=self._snapshot_staging(session) if draft else None,
+            staging=self._staging,
         )
         window.append([token, *draft[: result.n_accepted]], stats)
         if n > 0 and self.gate is not None:
@@ -114,15 +115,6 @@ class SpecDecoder:
         stats.draft_n += result.n_drafted
         stats.draft_n_accepted += result.n_accepted
         return result.tokens
-
-    def _snapshot_staging(self, session: KVMemSession) -> StagingBuffer | None:
-        """The page-locked buffer for a hybrid's recurrent snapshots, made on first need
-        (None on a CPU build or a plain model: the snapshot then goes to owned memory)."""
-        if not self._staging_checked:
-            self._staging_checked = True
-            if session.ctx.model.is_hybrid:
-                self._staging = pinned_staging(SNAPSHOT_BYTES)
-        return self._staging
 
     def close(self) -> None:
         if self._staging is not None:
