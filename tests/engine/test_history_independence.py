@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvmem.config import KVMemConfig
+from kvmem.config import KVMemConfig, QuerySource
 from kvmem.memory.spans import TokenSpan
 
 from .helpers import GREEDY, filler_tokens, make_engine
@@ -88,3 +88,46 @@ def test_copy_threads_answer_as_the_caller_thread(engine, smollm2_path, monkeypa
         assert threaded.stats.stage_in_blocks > 0
     finally:
         threaded.close()
+
+
+@pytest.fixture(scope="module")
+def scoring(smollm2_path):
+    """Query vectors from the scoring context: the tail is decoded once, after the plan."""
+    kv = KVMemConfig(budget=512, gen_reserve=256, query_source=QuerySource.SCORING)
+    made = make_engine(smollm2_path, n_ctx=8192, kvmem=kv)
+    yield made
+    made.close()
+
+
+def test_deferred_tail_cold_and_warm_agree(scoring):
+    prompt = filler_tokens(scoring, 2000, seed=41)
+    scoring.reset()
+    cold = _answer(scoring, prompt)
+    turn = scoring.last_turn
+    assert turn.replayed_tokens == 0 and turn.deferred_tokens == 2000 - 1920  # block 15 on
+    assert turn.evicted_blocks > 0  # blocks moved under the prefill
+    warm = _answer(scoring, prompt)
+    assert scoring.last_turn.cached_tokens == 1920  # up to the tail: it saw a chosen window
+    assert cold == warm
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a residual history dependence (session 7): from the fourth turn a warm "
+    "session's prefill KV differs from a fresh one's even with an f32 cache and no flash "
+    "attention (docs/architecture.md, 'History independence'); the main "
+    "source shows the same logit differences but keeps its greedy tokens at this seed",
+)
+def test_deferred_tail_turns_built_up_one_by_one_answer_as_fresh_sessions(scoring):
+    base = filler_tokens(scoring, 3200, seed=43)
+    scoring.reset()
+    prompt = list(base[:700])
+    warm_answers, prompts = [], []
+    for step in range(6):
+        out = _answer(scoring, prompt)
+        assert scoring.session.window.cells_used() <= 512 + 256
+        warm_answers.append(out)
+        prompts.append(list(prompt))
+        prompt = prompt + out + list(base[700 + 350 * step : 1050 + 350 * step])
+    assert scoring.stats.stage_in_blocks > 0 and scoring.stats.replayed_tokens == 0
+    assert [_fresh(scoring, p) for p in prompts] == warm_answers

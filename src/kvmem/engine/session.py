@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from kvmem.config import KVMemConfig, QueryPolicy
+from kvmem.config import KVMemConfig, QueryPolicy, QueryReplay
 from kvmem.errors import ContextLengthExceededError, InvalidRequestError, TurnCancelledError
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.host_store import BlockStore, HostStore
@@ -98,6 +98,12 @@ class KVMemSession:
         # a batch smaller than a block: the largest divisor of the block size that fits,
         # so that every block boundary is still a chunk boundary
         return max(d for d in range(1, limit + 1) if bt % d == 0)
+
+    @property
+    def stream_grid(self) -> int:
+        """The absolute chunk grid whose starts fix a prefill chunk's stream window: the
+        chunk size, or the block size for chunks smaller than a block."""
+        return max(self.chunk_tokens, self.table.block_tokens)
 
     @property
     def capacity(self) -> int:
@@ -242,8 +248,12 @@ class KVMemSession:
     def _prefill(self, prompt: Sequence[int], given: PromptSpans, stats: TurnStats) -> None:
         t0 = time.perf_counter()
         n = len(prompt)
+        spans = self._resolve_spans(given, n)
+        tail = self._deferred_start(spans, n)
         common = min(self.table.common_prefix(prompt), n - 1)
         reused = common if self.frontier is None else min(common, self.frontier)
+        if tail is not None:
+            reused = min(reused, tail)  # a fresh server decodes the tail after the plan
         if reused < self.table.n_tokens:
             if self.ssm is not None:  # back to a recurrent snapshot at or before the cut
                 reused = self.ssm.rewind_to(reused)
@@ -251,14 +261,13 @@ class KVMemSession:
         self.frontier = None
         stats.cached_tokens = reused
         stats.reprocessed_tokens = common - reused
-        spans = self._resolve_spans(given, n)
         self.window.note_groups(spans.groups)  # evictions keep an image's blocks together
         wanted = self._capture_spans(spans, n)
         if self.ssm is not None and self.config.enabled and n > self.config.budget:
             bt, pin = self.table.block_tokens, self.config.query_pin_tokens
             self.ssm.plan_prefill(reused, n, spans, pin, bt)
-        suffix = list(prompt[reused:])
-        stats.prefill_tokens = len(suffix)
+        suffix = list(prompt[reused:] if tail is None else prompt[reused:tail])
+        stats.prefill_tokens = n - reused
         on_main = wanted if self.scoring is None else ()
         captured = self._decode(suffix, stats, capture=on_main, spans=spans)
         if self.scoring is not None:
@@ -266,6 +275,10 @@ class KVMemSession:
         qvec = self._query_vectors(wanted, captured, prompt)
         if self.config.enabled:
             self._reselect(spans, qvec, n, stats)
+        if tail is not None:  # the tail, once, against the window chosen for its query
+            self._decode(list(prompt[tail:]), stats)
+            stats.deferred_tokens = n - tail
+            self.frontier = tail
         if self.ssm is not None:
             self.ssm.end_prefill()
         stats.prefill_ms = (time.perf_counter() - t0) * 1e3
@@ -274,7 +287,8 @@ class KVMemSession:
             tokens=n,
             reused=reused,
             reprocessed=stats.reprocessed_tokens,
-            new=len(suffix),
+            new=n - reused,
+            deferred=stats.deferred_tokens,
             replayed=stats.replayed_tokens,
             stage_in=stats.stage_in_blocks,
             harvested=stats.harvested_blocks,
@@ -289,12 +303,32 @@ class KVMemSession:
         bt = self.table.block_tokens
         forced = sorted({b for s in self.force_spans for b in s.blocks(bt)})
         self.transfer.flush()  # the plan reads the index: every harvested block in it
-        res = self.window.plan(spans, qvec, n, forced)
+        pending = n - self.table.n_tokens  # the deferred tail
+        res = self.window.plan(spans, qvec, n, forced, pending)
         self.window.apply(res, stats)
         if res.replay_from is not None:
             self.frontier = self._replay(res.replay_from, stats)
         elif not res.plan.fits:
             self.frontier = n  # what is generated now sees the chosen window
+
+    def _deferred_start(self, spans: PromptSpans, n: int) -> int | None:
+        """Where the prompt's tail starts when it is decoded only after the window is
+        chosen for it, or None. With `--kvmem-query-source scoring` the query vectors come
+        from the scoring context, so the tail that would be replayed against the chosen
+        window (the pinned query, from the last message on) is decoded once, after the
+        plan, instead of twice. Block-aligned, so every block before it is complete when
+        the plan is made; a function of the request alone. Not for a prompt that fits the
+        budget (nothing is chosen), nor on a hybrid or with images (their prefill has
+        checkpoints and groups of its own)."""
+        if self.scoring is None or self.ssm is not None or spans.groups or spans.query is None:
+            return None
+        if n <= self.config.budget or self.config.query_replay is QueryReplay.OFF:
+            return None
+        bt = self.table.block_tokens
+        live = spans.live.start if spans.live is not None else 0
+        start = max(live, n - self.config.query_pin_tokens, 1)
+        start -= start % bt
+        return start if 0 < start < n else None
 
     def _spill_frontier(self, stats: TurnStats, n_prompt: int) -> None:
         """Generated tokens that saw blocks leave (spill, eviction) are recomputed next turn."""
@@ -394,7 +428,8 @@ class KVMemSession:
             if gen_start is None and self._cancel is not None and self._cancel.is_set():
                 raise TurnCancelledError("the turn was cancelled during prompt processing")
             if self.config.enabled and spans is not None:
-                self.window.stream_to(pos, spans, self.capacity - self.chunk_tokens, stats)
+                room, grid = self.capacity - self.chunk_tokens, self.stream_grid
+                self.window.stream_to(pos, spans, room, grid, stats)
             elif self.config.enabled:
                 self.window.ensure_room(len(chunk), stats, gen_start)
             self.window.note_decode()

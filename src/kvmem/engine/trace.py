@@ -56,6 +56,7 @@ class TurnStats:
     reselect_ms: float = 0.0
     replayed_tokens: int = 0
     replay_ms: float = 0.0
+    deferred_tokens: int = 0  # the prompt's tail, decoded after the window was chosen
     spilled_blocks: int = 0
     evicted_blocks: int = 0
     truncated_tokens: int = 0

@@ -61,7 +61,8 @@ class Reselection:
     plan: WindowPlan
     starts: dict[int, int]  # block id -> first position, for every selected block
     replay_from: int | None  # position to re-decode from, None = no replay
-    score_ms: float
+    score_ms: float  # the scoring itself
+    index_ms: float = 0.0  # waiting for the block summaries still being computed
 
 
 @dataclass(slots=True)
@@ -73,6 +74,8 @@ class Applied:
     evicted: int = 0
     moved: int = 0
     restore_ms: float = 0.0
+    evict_ms: float = 0.0  # the evictions (restaged blocks too)
+    move_ms: float = 0.0  # the shifts of resident blocks
 
 
 class GpuWindow:
@@ -193,14 +196,18 @@ class GpuWindow:
         return len(wanted)
 
     # prefill ---------------------------------------------------------------------------
-    def stream_to(self, position: int, spans: PromptSpans, room: int, stats: TurnStats) -> None:
+    def stream_to(
+        self, position: int, spans: PromptSpans, room: int, grid: int, stats: TurnStats
+    ) -> None:
         """Make the GPU hold the window a prefill chunk starting at `position` sees: the
-        stream window of the chunk's block-aligned start, plus the tokens of the chunk's
-        own blocks before `position`, all at their own positions."""
+        stream window of the start of its chunk on the absolute `grid` (a multiple of the
+        block size), plus the tokens from there to `position`, all at their own positions.
+        A prefill that starts mid-chunk (after a reused prefix) so sees what the whole
+        chunk of a fresh prefill sees."""
         bt = self.table.block_tokens
         if self.config.stream_cap:  # the fidelity decomposition's truncated stream
             room = min(room, self.config.stream_cap)
-        chunk_start = position - position % bt
+        chunk_start = position - position % grid
         keep = set(stream_window(self.planner_config(), chunk_start, spans, room))
         keep.update(range(chunk_start // bt, self.table.n_complete_blocks))
         gpu = set(self.table.gpu_blocks())
@@ -246,21 +253,28 @@ class GpuWindow:
         query: QueryVectors | None,
         n_prompt: int,
         forced: Sequence[int] = (),
+        pending: int = 0,
     ) -> Reselection:
-        """The window for this query (pure: reads the index and the residency only)."""
+        """The window for this query (pure: reads the index and the residency only).
+
+        `pending`: prompt tokens after the history, decoded once the plan is applied (the
+        deferred tail): they get room next to the window, and nothing is replayed."""
         c, t = self.config, self.table
         bt = t.block_tokens
         request = WindowRequest(
             n_complete=t.n_complete_blocks,
-            open_tokens=t.n_tokens - t.n_complete_blocks * bt,
+            open_tokens=t.n_tokens - t.n_complete_blocks * bt + pending,
             spans=spans,
             forced=tuple(forced),
         )
         method = c.method
-        scores, score_ms = None, 0.0
+        scores, score_ms, index_ms = None, 0.0, 0.0
         ranked = ranked_candidates(self.planner_config(method), request)
         if ranked and query is not None and self.index is not None:
+            t_index = time.perf_counter()
+            self.index.score_table()  # summaries still being computed: waited for here
             ts = time.perf_counter()
+            index_ms = (ts - t_index) * 1e3
             if c.rank is RankMode.EXACT:  # the oracle: exact mass over the stored keys
                 geometry = self.index.geometry
                 values = exact_block_scores(self.transfer.store, geometry, ranked, query)
@@ -287,9 +301,8 @@ class GpuWindow:
         resident = [b for b in t.gpu_blocks() if b < t.n_complete_blocks]
         plan = plan_window(self.planner_config(method), request, resident, scores)
         starts = window_layout(set(plan.selected), t.n_complete_blocks, bt, self.positions)
-        return Reselection(
-            plan, starts, self._replay_start(plan, starts, spans, n_prompt), score_ms
-        )
+        replay = None if pending else self._replay_start(plan, starts, spans, n_prompt)
+        return Reselection(plan, starts, replay, score_ms, index_ms)
 
     def _replay_start(
         self, plan: WindowPlan, starts: dict[int, int], spans: PromptSpans, n_prompt: int
@@ -318,10 +331,12 @@ class GpuWindow:
         restage = [b for b in plan.keep if b in self.moved and self.moved[b] != starts[b]]
         self.evict(list(plan.evict) + restage)
         resident = {b: self.start(b) for b in plan.keep if b not in restage}
+        t_move = time.perf_counter()
         moved = self.transfer.move(resident, starts)
         for b in resident:
             if starts[b] != b * bt:
                 self.moved[b] = starts[b]
+        t_restore = time.perf_counter()
         before = stats.stage_in_blocks, stats.stage_in_bytes, stats.restore_ms
         self.restore({b: starts[b] for b in sorted(set(plan.stage_in) | set(restage))}, stats)
         applied = Applied(
@@ -330,12 +345,14 @@ class GpuWindow:
             evicted=len(plan.evict),
             moved=moved,
             restore_ms=stats.restore_ms - before[2],
+            evict_ms=(t_move - t0) * 1e3,
+            move_ms=(t_restore - t_move) * 1e3,
         )
         stats.evicted_blocks += applied.evicted
-        stats.score_ms += res.score_ms
+        stats.score_ms += res.score_ms + res.index_ms
         self.last_plan = plan
         self.note_peak()
-        ms = (time.perf_counter() - t0) * 1e3 + res.score_ms
+        ms = (time.perf_counter() - t0) * 1e3 + res.score_ms + res.index_ms
         stats.reselect_ms += ms
         self._trace(res, applied, ms)
         return applied
@@ -353,6 +370,11 @@ class GpuWindow:
             moved=applied.moved,
             bytes_in=applied.bytes_in,
             ms=ms,
+            score_ms=res.score_ms,
+            index_wait_ms=res.index_ms,
+            evict_ms=applied.evict_ms,
+            move_ms=applied.move_ms,
+            restore_ms=applied.restore_ms,
             replay="-" if res.replay_from is None else res.replay_from,
             **tiers,
         )
