@@ -22,7 +22,8 @@
 # GPU mostly idle, so parallel processes add throughput); each prints a line per case,
 # prefixed with its step. Environment: KVMEM_BENCH (default .venv/bin/kvmem-bench),
 # KVMEM_SERVER (default .venv/bin/kvmem-server), PROTOCOL_THREADS (-t per process, default 4),
-# PROTOCOL_PORT (default 8090). For a small smoke run on a CPU, PROTOCOL_MODEL, _CTX, _BUDGET,
+# PROTOCOL_PORT (default 8090), PROTOCOL_FLAGS (engine flags added to every step, e.g.
+# "--kvmem-query-source scoring"). For a small smoke run on a CPU, PROTOCOL_MODEL, _CTX, _BUDGET,
 # _RESERVE, _DEPTHS, _SEEDS, _EPISODES and _AGENT_TOKENS override the protocol's values, and
 # steps may name other lengths (needle-agent-1500, fidelity-3000).
 set -euo pipefail
@@ -39,6 +40,9 @@ MODEL=${PROTOCOL_MODEL:-qwen-0.5b}
 ENGINE=(-m "$MODEL" -ngl all -t "$THREADS" -c "${PROTOCOL_CTX:-32768}"
   --kvmem-budget "${PROTOCOL_BUDGET:-4096}" --kvmem-gen-reserve "${PROTOCOL_RESERVE:-512}"
   --kv-dtype f16)
+# PROTOCOL_FLAGS: further engine flags for every step (a variant), split on spaces
+read -r -a EXTRA <<<"${PROTOCOL_FLAGS:-}"
+ENGINE+=("${EXTRA[@]}")
 GRID=(--kinds passkey,multikey --seeds "${PROTOCOL_SEEDS:-2}" --depths "${PROTOCOL_DEPTHS:-5}"
   --no-plots)
 LENGTHS=(28672 16384 8192)
