@@ -112,7 +112,7 @@ def test_deferred_tail_cold_and_warm_agree(scoring):
 
 
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,
     reason="a residual history dependence (session 7): from the fourth turn a warm "
     "session's prefill KV differs from a fresh one's even with an f32 cache and no flash "
     "attention (docs/architecture.md, 'History independence'); the main "
