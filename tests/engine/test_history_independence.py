@@ -55,7 +55,9 @@ def test_an_edited_first_turn_answers_as_a_fresh_session(engine):
     assert warm == _fresh(engine, edited)
 
 
-def test_turns_built_up_one_by_one_answer_as_fresh_sessions(engine):
+def _built_up(engine) -> tuple[list[list[int]], list[list[int]]]:
+    """Six turns on one session, each prompt the last one + its answer + 350 new tokens:
+    the prompts and the warm session's answers."""
     base = filler_tokens(engine, 3200, seed=43)
     engine.reset()
     prompt = list(base[:700])
@@ -66,6 +68,11 @@ def test_turns_built_up_one_by_one_answer_as_fresh_sessions(engine):
         warm_answers.append(out)
         prompts.append(list(prompt))
         prompt = prompt + out + list(base[700 + 350 * step : 1050 + 350 * step])
+    return prompts, warm_answers
+
+
+def test_turns_built_up_one_by_one_answer_as_fresh_sessions(engine):
+    prompts, warm_answers = _built_up(engine)
     assert engine.stats.stage_in_blocks > 0 and engine.stats.replayed_tokens > 0
     assert [_fresh(engine, p) for p in prompts] == warm_answers
 
@@ -118,15 +125,6 @@ def test_deferred_tail_cold_and_warm_agree(scoring):
     "token at this seed; the main source keeps its tokens here",
 )
 def test_deferred_tail_turns_built_up_one_by_one_answer_as_fresh_sessions(scoring):
-    base = filler_tokens(scoring, 3200, seed=43)
-    scoring.reset()
-    prompt = list(base[:700])
-    warm_answers, prompts = [], []
-    for step in range(6):
-        out = _answer(scoring, prompt)
-        assert scoring.session.window.cells_used() <= 512 + 256
-        warm_answers.append(out)
-        prompts.append(list(prompt))
-        prompt = prompt + out + list(base[700 + 350 * step : 1050 + 350 * step])
+    prompts, warm_answers = _built_up(scoring)
     assert scoring.stats.stage_in_blocks > 0 and scoring.stats.replayed_tokens == 0
     assert [_fresh(scoring, p) for p in prompts] == warm_answers

@@ -320,7 +320,7 @@ class KVMemSession:
         the plan is made; a function of the request alone. Not for a prompt that fits the
         budget (nothing is chosen), nor on a hybrid or with images (their prefill has
         checkpoints and groups of its own)."""
-        if self.scoring is None or self.ssm is not None or spans.groups or spans.query is None:
+        if self.scoring is None or self.ssm is not None or spans.groups:
             return None
         if n <= self.config.budget or self.config.query_replay is QueryReplay.OFF:
             return None
