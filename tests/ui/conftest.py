@@ -16,7 +16,20 @@ import pytest
 from tests.server.conftest import LiveServer, start_server
 
 UI_KEY = "sk-ui-test-key"
-SERVER_ARGS = ("-c", "4096", "--kvmem-budget", "1024", "--kvmem-gen-reserve", "512", "-t", "2")
+# A fixed seed: the settings test samples at temperature 0.5 and counts the reply's tokens,
+# which an unseeded draw can end early with an end-of-generation token.
+SERVER_ARGS = (
+    "-c",
+    "4096",
+    "--kvmem-budget",
+    "1024",
+    "--kvmem-gen-reserve",
+    "512",
+    "-t",
+    "2",
+    "--seed",
+    "7",
+)
 DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 
 
