@@ -33,6 +33,14 @@ class QuerySource(Enum):
     SCORING = "scoring"  # a second small context (sink + query); the main one has no callback
 
 
+class QueryAheadMode(Enum):
+    """Whether the scoring source's query rows and block scores are computed beside the
+    prefill (`engine/query_ahead.py`) or after it."""
+
+    ON = "on"
+    OFF = "off"
+
+
 class QueryPolicy(Enum):
     """Which tokens form the retrieval query."""
 
@@ -85,6 +93,7 @@ class KVMemConfig:
     query_policy: QueryPolicy = QueryPolicy.AGENT
     query_max_tokens: int = 512
     query_source: QuerySource = QuerySource.MAIN
+    query_ahead: QueryAheadMode = QueryAheadMode.ON  # with the scoring source only
     control_tokens: int = -1  # bound of the control tier; -1: budget / 4
     trajectory_tokens: int = -1  # bound of the trajectory tier; -1: budget / 4
     stream_tokens: int = -1  # newest tokens a prefill chunk sees; -1: budget / 2

@@ -144,7 +144,7 @@ def test_command_on_a_tiny_synthetic_model(
             "--gen-tokens",
             "16",
             "--configs",
-            "stock,kvmem,kvmem-numpy,kvmem-nocb,kvmem-scoring,offload",
+            "stock,kvmem,kvmem-numpy,kvmem-nocb,kvmem-scoring,kvmem-scoring-after,offload",
             "-t",
             "2",
             "--out",
@@ -168,6 +168,8 @@ def test_command_on_a_tiny_synthetic_model(
         ("kvmem-nocb", 1024, False),
         ("kvmem-scoring", 512, False),
         ("kvmem-scoring", 1024, False),
+        ("kvmem-scoring-after", 512, False),
+        ("kvmem-scoring-after", 1024, False),
         ("offload", 512, False),
         ("offload", 1024, False),
     ]
@@ -192,3 +194,10 @@ def test_command_on_a_tiny_synthetic_model(
     assert scoring_1k["transfer"]["scoring_decode"]["calls"] >= 1
     assert scoring_1k["transfer"]["capture"]["calls"] > 0
     assert scoring_1k["host_store_bytes"] == kvmem_1k["host_store_bytes"]
+    # the query work after the prefill instead of beside it: the same history and query
+    after_1k = doc["results"][12]
+    assert (
+        after_1k["transfer"]["scoring_decode"]["calls"]
+        == scoring_1k["transfer"]["scoring_decode"]["calls"]
+    )
+    assert after_1k["host_store_bytes"] == scoring_1k["host_store_bytes"]

@@ -10,7 +10,7 @@ import pytest
 
 from kvmem.chat.prompt import build_prompt_tokens
 from kvmem.chat.template import ChatTemplate
-from kvmem.config import KVMemConfig, QuerySource
+from kvmem.config import KVMemConfig, QueryAheadMode, QuerySource
 from kvmem.memory.planner import RetrievalMethod, Tier
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
@@ -77,9 +77,18 @@ def engines(smollm2_path):
     """recency, and retrieval with the query vectors from the main context (`main`) or
     from the scoring context (`scoring`: the main context has no eval callback)."""
 
-    def engine(method: RetrievalMethod, source: QuerySource = QuerySource.MAIN):
+    def engine(
+        method: RetrievalMethod,
+        source: QuerySource = QuerySource.MAIN,
+        ahead: QueryAheadMode = QueryAheadMode.ON,
+    ):
         kv = KVMemConfig(
-            budget=1024, gen_reserve=256, method=method, trace=True, query_source=source
+            budget=1024,
+            gen_reserve=256,
+            method=method,
+            trace=True,
+            query_source=source,
+            query_ahead=ahead,
         )
         return make_engine(smollm2_path, n_ctx=8192, kvmem=kv, trace=io.StringIO())
 
@@ -87,6 +96,7 @@ def engines(smollm2_path):
         "recency": engine(RetrievalMethod.RECENCY),
         "main": engine(RetrievalMethod.RETRIEVAL),
         "scoring": engine(RetrievalMethod.RETRIEVAL, QuerySource.SCORING),
+        "scoring-after": engine(RetrievalMethod.RETRIEVAL, QuerySource.SCORING, QueryAheadMode.OFF),
     }
     yield made
     for e in made.values():
@@ -150,6 +160,51 @@ def test_raw_prompt_with_no_user_message_retrieves_from_its_tail(engines, source
     recency.reset()
     list(recency.generate(tokens, query=PromptSpans(), sampling=GREEDY, max_tokens=8))
     assert not fact & set(recency.session.last_plan.selected)
+
+
+def _reselect_records(engine) -> list[dict[str, str]]:
+    lines = engine.tracer.stream.getvalue().splitlines()
+    return [
+        dict(kv.split("=", 1) for kv in ln.split()[1:])
+        for ln in lines
+        if ln.startswith("KVMEM_RESELECT")
+    ]
+
+
+def test_scores_computed_ahead_of_the_prefill_give_the_window_computed_after_it(engines):
+    """With the scoring source the query rows and the candidates' scores are computed on
+    the scoring context's worker while the main context prefills (`--kvmem-query-ahead`,
+    on by default): the first turn starts scoring once its last candidate block is
+    harvested; the next turn's candidates are all old, so it scores from the prefill's
+    start. Both turns choose the window and the greedy tokens that scoring after
+    the prefill (`off`) chooses, and the trace says where the scores came from."""
+    out: dict[str, list] = {}
+    for name in ("scoring", "scoring-after"):
+        engine = engines[name]
+        engine.reset()
+        engine.tracer.stream.seek(0)
+        engine.tracer.stream.truncate()
+        template = ChatTemplate.from_engine_info(engine.info, None)
+        turns, sizes = [], []
+        for rounds in (8, 9):
+            prompt = build_prompt_tokens(engine, template, agent_messages(rounds), tools=TOOLS)
+            got = list(
+                engine.generate(prompt.tokens, query=prompt.spans, sampling=GREEDY, max_tokens=6)
+            )
+            plan = engine.session.last_plan
+            turns.append((plan.tiers, got, engine.last_turn.stage_in_blocks))
+            sizes.append((len(prompt.tokens), engine.last_turn.cached_tokens))
+        out[name] = turns
+        records = _reselect_records(engine)
+        assert len(records) == 2
+        if name == "scoring-after":
+            assert [r["ahead"] for r in records] == ["-", "-"]
+        else:  # once the last candidate is complete, then from the reused prefix
+            first, second = (int(r["ahead"]) for r in records)
+            assert 0 < first < sizes[0][0] and first % 128 == 0
+            assert second == sizes[1][1] > 0
+    assert out["scoring"] == out["scoring-after"]
+    assert all(stage_in > 0 for _, _, stage_in in out["scoring"])
 
 
 def test_scoring_context_reads_the_main_contexts_rows_for_a_prompt_that_is_all_query(engines):

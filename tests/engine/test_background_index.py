@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from kvmem.engine.background_index import BackgroundIndex
@@ -47,3 +49,41 @@ def test_zero_workers_is_synchronous() -> None:
     index.add(5, *(lambda b: (b.positions, b.k_rows))(_block(5, 5)))
     assert super(BackgroundIndex, index).block_ids() == (5,)  # stored without a flush
     index.close()
+
+
+class _GatedIndex(BackgroundIndex):
+    """Summaries of block 9 wait for `gate`: a batch still being computed."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(GEOMETRY, [0, 1], workers=workers)
+        self.gate = threading.Event()
+
+    def summarize(self, blocks):  # type: ignore[no-untyped-def]
+        if any(b.block_id == 9 for b in blocks):
+            assert self.gate.wait(10)
+        return super().summarize(blocks)
+
+
+def test_a_batch_is_split_per_worker_and_scoring_waits_only_for_its_blocks() -> None:
+    """Six blocks on three workers are three pending slices of two. Scoring blocks 0..5
+    does not wait for a later batch still being computed (block 9), and reads exactly
+    what the synchronous index holds for them; a full read then waits for block 9."""
+    sync = RetrievalIndex(GEOMETRY, [0, 1])
+    index = _GatedIndex(workers=3)
+    try:
+        blocks = [_block(b, 10 + b) for b in range(6)]
+        index.add_blocks(blocks)
+        sync.add_blocks(blocks)
+        assert [ids for ids, _ in index._pending] == [[0, 1], [2, 3], [4, 5]]
+        index.add_blocks([_block(9, 19)])
+        table = index.score_table(list(range(6)))
+        assert sorted(table.block_ids()) == list(range(6))  # block 9 still pending
+        assert [ids for ids, _ in index._pending] == [[9]]
+        np.testing.assert_array_equal(
+            table.stats(list(range(6))), sync.score_table().stats(list(range(6)))
+        )
+        index.gate.set()
+        assert 9 in index and index.block_ids() == (0, 1, 2, 3, 4, 5, 9)
+    finally:
+        index.gate.set()
+        index.close()

@@ -274,7 +274,7 @@ def _assert_same_scores_and_ranking(got: np.ndarray, expected: list[float]) -> N
 
 
 @pytest.mark.parametrize("workers", [1, 3])
-@pytest.mark.parametrize("candidates", ["most", "few"])  # masked columns / gathered rows
+@pytest.mark.parametrize("candidates", ["most", "few"])
 @pytest.mark.parametrize("aggregate", list(ScoreAggregate))
 @pytest.mark.parametrize("mode", [ScoreMode.KEY_BOUND, ScoreMode.MEAN_KEY])
 def test_table_scores_match_loop_after_removal_growth_and_replacement(
@@ -339,3 +339,29 @@ def test_table_scores_match_loop_for_gqa_groups_and_sampled_queries(
         got = score_blocks(index, ids, query, aggregate=aggregate, max_logits=max_logits)
         expected = _stats_loop(summaries, index.layers, g, scored, ScoreMode.KEY_BOUND, aggregate)
         _assert_same_scores_and_ranking(got, expected)
+
+
+@pytest.mark.parametrize("aggregate", list(ScoreAggregate))
+def test_scores_do_not_depend_on_the_other_rows_of_the_table(aggregate: ScoreAggregate) -> None:
+    """The same candidates and query score bit for bit the same whatever else the table
+    holds and wherever their rows sit: a score computed while later blocks are still being
+    summarized (query_ahead.py) equals the one computed after."""
+    g = _geometry(RopeType.NORM)
+    rng = np.random.default_rng(5)
+    stats = _random_stats(rng, 100, N_HEAD_KV)
+    alone = RetrievalIndex(g, [0, 1, 2])
+    alone.put(list(range(40)), stats[:40])
+    crowded = RetrievalIndex(g, [0, 1, 2])
+    crowded.put(list(range(99, 39, -1)), stats[40:][::-1])  # later blocks first
+    crowded.put(list(range(40)), stats[:40])
+    crowded.remove([99, 41])  # rows refilled from the end: the candidates' rows move
+    query = QueryVectors(
+        positions=np.array([500, 501, 502], dtype=np.int64),  # [n_tokens]
+        by_layer={
+            layer: rng.standard_normal((3, N_HEAD, HEAD_DIM)).astype(np.float32)
+            for layer in (0, 1, 2)
+        },
+    )
+    ids = list(range(3, 40))
+    got = score_blocks(crowded, ids, query, workers=2, aggregate=aggregate)
+    assert np.array_equal(got, score_blocks(alone, ids, query, workers=2, aggregate=aggregate))

@@ -24,7 +24,7 @@ from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.bench.transfer_report import transfer_table
 from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
-from kvmem.config import KVCacheTypes, KVMemConfig, QuerySource
+from kvmem.config import KVCacheTypes, KVMemConfig, QueryAheadMode, QuerySource
 from kvmem.errors import ConfigError
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.models import resolve_model_flag
@@ -43,6 +43,7 @@ class SweepConfig(Enum):
     KVMEM_RECENCY = "kvmem-recency"  # KVMem recency: query capture on, no block index
     KVMEM_NOCB = "kvmem-nocb"  # KVMem recency without any eval callback on the context
     KVMEM_SCORING = "kvmem-scoring"  # KVMem with the query from the scoring context
+    KVMEM_SCORING_AFTER = "kvmem-scoring-after"  # the same, query work after the prefill
     OFFLOAD = "offload"
 
     @property
@@ -55,7 +56,13 @@ class SweepConfig(Enum):
             SweepConfig.KVMEM_RECENCY,
             SweepConfig.KVMEM_NOCB,
             SweepConfig.KVMEM_SCORING,
+            SweepConfig.KVMEM_SCORING_AFTER,
         )
+
+    @property
+    def scoring(self) -> bool:
+        """The query from the scoring context (`--kvmem-query-source scoring`)."""
+        return self in (SweepConfig.KVMEM_SCORING, SweepConfig.KVMEM_SCORING_AFTER)
 
     @property
     def method(self) -> RetrievalMethod:
@@ -217,10 +224,11 @@ def engine_opener(settings: SweepSettings) -> Callable[[SweepPoint], BenchEngine
             budget=settings.budget,
             gen_reserve=settings.gen_reserve,
             method=point.config.method,
-            query_source=(
-                QuerySource.SCORING
-                if point.config is SweepConfig.KVMEM_SCORING
-                else QuerySource.MAIN
+            query_source=QuerySource.SCORING if point.config.scoring else QuerySource.MAIN,
+            query_ahead=(
+                QueryAheadMode.OFF
+                if point.config is SweepConfig.KVMEM_SCORING_AFTER
+                else QueryAheadMode.ON
             ),
         )
         n_ctx = point.context  # the prompt is context - gen_tokens: generation fills it exactly
@@ -308,7 +316,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="stock,kvmem,kvmem-pycb (eval callback in Python),kvmem-plain (no staging "
         "buffer),kvmem-numpy (numpy copy path, no native kv_copy),kvmem-recency (recency, "
         "query capture on),kvmem-nocb (recency, no eval callback on the context),kvmem-scoring "
-        "(the query from the scoring context: no callback on the main one),offload",
+        "(the query from the scoring context: no callback on the main one),kvmem-scoring-after "
+        "(the same with --kvmem-query-ahead off),offload",
     )
     p.add_argument("--budget", type=strict_int, default=32768, help="KVMem budget (window size)")
     p.add_argument("--gen-reserve", type=strict_int, default=4096)

@@ -108,6 +108,10 @@ KVMEM_TABLE: tuple[Flag, ...] = (
             "where the query vectors come from: main (the main context's eval callback) or "
             "scoring (a second small context that decodes the sink and the query; the main "
             "context then runs without an eval callback, as stock llama.cpp)"),
+    _choice("query-ahead", _D.query_ahead,
+            "with --kvmem-query-source scoring: on computes the query rows and the block "
+            "scores on a worker thread while the main context prefills, so the plan only "
+            "picks; off computes them after the prefill"),
     _int("control-tokens", "bound of the control-text tier (system prompt, tool definitions)",
          -1, "-1 = budget/4"),
     _int("trajectory-tokens",

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from kvmem.cli.arg_types import strict_float, strict_int
 from kvmem.cli.flag_parser import add_flags
 from kvmem.cli.flag_table_kvmem import KV_CACHE_TABLE, KVMEM_TABLE
-from kvmem.config import KVCacheTypes, KVMemConfig, QueryPolicy, QueryReplay, QuerySource
+from kvmem.config import (
+    KVCacheTypes,
+    KVMemConfig,
+    QueryAheadMode,
+    QueryPolicy,
+    QueryReplay,
+    QuerySource,
+)
 from kvmem.errors import ConfigError
 from kvmem.memory.exact_scorer import RankMode
 from kvmem.memory.layout import PositionMode
@@ -66,6 +73,7 @@ def kvmem_config_from_args(ns: argparse.Namespace, trace_env: bool = False) -> K
         query_policy=QueryPolicy(ns.kvmem_query_policy),
         query_max_tokens=ns.kvmem_query_max_tokens,
         query_source=QuerySource(ns.kvmem_query_source),
+        query_ahead=QueryAheadMode(ns.kvmem_query_ahead),
         control_tokens=ns.kvmem_control_tokens,
         trajectory_tokens=ns.kvmem_trajectory_tokens,
         stream_tokens=ns.kvmem_stream_tokens,

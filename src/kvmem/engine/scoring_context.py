@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
@@ -49,6 +50,8 @@ class ScoringContext:
         self.capture = capture
         self.sink_tokens = sink_tokens
         self.max_span_tokens = max_span_tokens
+        # decodes on this context beside the main prefill (query_ahead.py); one at a time
+        self.worker = ThreadPoolExecutor(1, "kvmem-scoring")
         logger.info("scoring context: %d cells (sink %d + query %d)", cells, sink_tokens, need)
 
     def query_rows(
@@ -78,4 +81,5 @@ class ScoringContext:
         return {layer: np.concatenate(p, axis=0)[head:] for layer, p in parts.items()}
 
     def close(self) -> None:
+        self.worker.shutdown(wait=True)
         self.ctx.close()

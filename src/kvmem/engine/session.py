@@ -16,13 +16,14 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from kvmem.config import KVMemConfig, QueryPolicy, QueryReplay
+from kvmem.config import KVMemConfig, QueryAheadMode, QueryPolicy, QueryReplay
 from kvmem.errors import ContextLengthExceededError, InvalidRequestError, TurnCancelledError
 from kvmem.memory.block_table import BlockTable
+from kvmem.memory.exact_scorer import RankMode
 from kvmem.memory.host_store import BlockStore, HostStore
 from kvmem.memory.retrieval_index import RetrievalIndex
 from kvmem.memory.scorer import QueryVectors
@@ -32,6 +33,7 @@ from kvmem.sampling import SamplingParams
 from .context import LlamaContext
 from .host_staging import STAGING_BYTES
 from .kv_transfer import KVTransfer
+from .query_ahead import QueryAhead, Rows
 from .query_capture import QueryCapture
 from .replay_ssm import ReplaySSM
 from .sampler import Sampler
@@ -39,7 +41,7 @@ from .scoring_context import ScoringContext
 from .spec_decode import SpecDecoder
 from .trace import FinishReason, TraceKind, Tracer, TurnStats
 from .transfer_profile import TransferPath
-from .window import GpuWindow
+from .window import BlockScores, GpuWindow
 
 logger = logging.getLogger(__name__)
 
@@ -269,12 +271,24 @@ class KVMemSession:
         suffix = list(prompt[reused:] if tail is None else prompt[reused:tail])
         stats.prefill_tokens = n - reused
         on_main = wanted if self.scoring is None else ()
-        captured = self._decode(suffix, stats, capture=on_main, spans=spans)
-        if self.scoring is not None:
+        ahead = self._begin_ahead(prompt, spans, wanted, n if tail is None else tail)
+        try:
+            on_chunk = ahead.poll if ahead is not None else None
+            captured = self._decode(suffix, stats, capture=on_main, spans=spans, on_chunk=on_chunk)
+        except BaseException:
+            if ahead is not None:
+                ahead.settle()
+            raise
+        if ahead is not None:
+            captured = ahead.rows()
+            self.transfer.profile.add(
+                TransferPath.SCORING_DECODE, ahead.rows_ms, calls=ahead.n_missing
+            )
+        elif self.scoring is not None:
             captured = self._score_apart(wanted, prompt)
         qvec = self._query_vectors(wanted, captured, prompt)
         if self.config.enabled:
-            self._reselect(spans, qvec, n, stats)
+            self._reselect(spans, qvec, n, stats, ahead.scores() if ahead else None)
         if tail is not None:  # the tail, once, against the window chosen for its query
             self._decode(list(prompt[tail:]), stats)
             stats.deferred_tokens = n - tail
@@ -298,18 +312,55 @@ class KVMemSession:
         )
 
     def _reselect(
-        self, spans: PromptSpans, qvec: QueryVectors | None, n: int, stats: TurnStats
+        self,
+        spans: PromptSpans,
+        qvec: QueryVectors | None,
+        n: int,
+        stats: TurnStats,
+        scored: BlockScores | None = None,
     ) -> None:
-        bt = self.table.block_tokens
-        forced = sorted({b for s in self.force_spans for b in s.blocks(bt)})
         self.transfer.flush()  # the plan reads the index: every harvested block in it
         pending = n - self.table.n_tokens  # the deferred tail
-        res = self.window.plan(spans, qvec, n, forced, pending)
+        res = self.window.plan(spans, qvec, n, self._forced(), pending, scored)
         self.window.apply(res, stats)
         if res.replay_from is not None:
             self.frontier = self._replay(res.replay_from, stats)
         elif not res.plan.fits:
             self.frontier = n  # what is generated now sees the chosen window
+
+    def _forced(self) -> list[int]:
+        """The blocks of the oracle's spans, which every plan holds."""
+        bt = self.table.block_tokens
+        return sorted({b for s in self.force_spans for b in s.blocks(bt)})
+
+    def _begin_ahead(
+        self, prompt: Sequence[int], spans: PromptSpans, wanted: tuple[TokenSpan, ...], end: int
+    ) -> QueryAhead | None:
+        """Start the scoring source's query work beside the prefill up to `end`
+        (`query_ahead.py`), or None: another source, `--kvmem-query-ahead off`, a hybrid
+        (snapshots of its own) or images (the projector is shared with the main context)."""
+        c = self.config
+        if self.scoring is None or c.query_ahead is QueryAheadMode.OFF:
+            return None
+        if self.ssm is not None or spans.groups:
+            return None
+        missing = [s for s in wanted if query_key(s, prompt) not in self._queries]
+        scoring, window = self.scoring, self.window
+        ranked: tuple[int, ...] = ()
+        if self.index is not None and c.rank is RankMode.SUMMARY:  # the others read the store
+            ranked = window.candidates(
+                window.request(spans, self._forced(), len(prompt) - end, end)
+            )
+
+        def score(rows: Rows) -> BlockScores | None:
+            query = self.joined_query(wanted, rows, prompt)
+            return None if query is None else window.score(ranked, query)
+
+        ahead = QueryAhead(
+            scoring.worker, lambda: scoring.query_rows(prompt, missing), len(missing)
+        )
+        ahead.score_when_harvested(ranked, score, self.table, self.transfer.flush)
+        return ahead
 
     def _deferred_start(self, spans: PromptSpans, n: int) -> int | None:
         """Where the prompt's tail starts when it is decoded only after the window is
@@ -375,28 +426,35 @@ class KVMemSession:
         return rows
 
     def _query_vectors(
-        self,
-        wanted: tuple[TokenSpan, ...],
-        captured: dict[TokenSpan, dict[int, np.ndarray]],
-        prompt: Sequence[int],
+        self, wanted: tuple[TokenSpan, ...], captured: Rows, prompt: Sequence[int]
     ) -> QueryVectors | None:
         """Vectors of every wanted span: captured this turn, or kept from the turn that
-        processed it (the same tokens at the same positions)."""
-        parts: list[QueryVectors] = []
+        processed it (the same tokens at the same positions); those captured are kept."""
         for span in wanted:
             key = query_key(span, prompt)
-            rows = captured.get(span, {})
-            if rows and all(len(r) == span.length for r in rows.values()):
-                positions = np.arange(span.start, span.end, dtype=np.int64)  # [n_tokens]
-                self._queries[key] = QueryVectors(positions=positions, by_layer=rows)
+            got = span_query(span, captured.get(span, {}))
+            if got is not None:
+                self._queries[key] = got
                 del_oldest(self._queries, _QUERY_CACHE)
             if key in self._queries:
                 self._queries.move_to_end(key)
-                parts.append(self._queries[key])
             else:
                 logger.info("query span [%d, %d) has no vectors this turn", span.start, span.end)
-        self.last_query = join_queries(parts)
+        self.last_query = self.joined_query(wanted, captured, prompt)
         return self.last_query
+
+    def joined_query(
+        self, wanted: tuple[TokenSpan, ...], captured: Rows, prompt: Sequence[int]
+    ) -> QueryVectors | None:
+        """The query of the wanted spans, from `captured` or the kept vectors; reads only
+        (a worker thread calls it while the prefill runs)."""
+        parts = []
+        for span in wanted:
+            got = span_query(span, captured.get(span, {}))
+            got = got if got is not None else self._queries.get(query_key(span, prompt))
+            if got is not None:
+                parts.append(got)
+        return join_queries(parts)
 
     def _decode(
         self,
@@ -407,9 +465,11 @@ class KVMemSession:
         capture: tuple[TokenSpan, ...] = (),
         spans: PromptSpans | None = None,
         gen_start: int | None = None,
+        on_chunk: Callable[[], None] | None = None,
     ) -> list[np.ndarray] | dict[TokenSpan, dict[int, np.ndarray]]:
         """Decode tokens after the history: as prefill (`spans` given: block-aligned chunks
-        that see the stream window) or after the window was chosen (replay, generation)."""
+        that see the stream window) or after the window was chosen (replay, generation).
+        `on_chunk` runs after each chunk is recorded (the query work ahead)."""
         rows: list[np.ndarray] = []
         captured: dict[TokenSpan, dict[int, list[np.ndarray]]] = {}
         c0 = 0
@@ -447,6 +507,8 @@ class KVMemSession:
             self.window.append(chunk, stats)
             if self.ssm is not None:
                 self.ssm.after_decode(self.table.n_tokens)
+            if on_chunk is not None:
+                on_chunk()
             c0 += len(chunk)
             if prof is not None:
                 prof.add(TransferPath.PREFILL_DECODE, decode_ms)
@@ -499,6 +561,14 @@ def query_key(span: TokenSpan, prompt: Sequence[int]) -> tuple[int, tuple[int, .
 def del_oldest(cache: collections.OrderedDict, size: int) -> None:
     while len(cache) > size:
         cache.popitem(last=False)
+
+
+def span_query(span: TokenSpan, rows: dict[int, np.ndarray]) -> QueryVectors | None:
+    """A span's vectors from its rows of this turn, or None when they are not all there."""
+    if not rows or any(len(r) != span.length for r in rows.values()):
+        return None
+    positions = np.arange(span.start, span.end, dtype=np.int64)  # [n_tokens]
+    return QueryVectors(positions=positions, by_layer=rows)
 
 
 def join_queries(parts: Sequence[QueryVectors]) -> QueryVectors | None:

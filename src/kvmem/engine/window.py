@@ -51,7 +51,7 @@ from .trace import TraceKind, Tracer, TurnStats
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Applied", "GpuWindow", "Reselection", "TokenSpan"]
+__all__ = ["Applied", "BlockScores", "GpuWindow", "Reselection", "TokenSpan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +63,20 @@ class Reselection:
     replay_from: int | None  # position to re-decode from, None = no replay
     score_ms: float  # the scoring itself
     index_ms: float = 0.0  # waiting for the block summaries still being computed
+    wait_ms: float = 0.0  # of those, what the turn waited for (all, unless scored ahead)
+    ahead_at: int = -1  # scored beside the prefill from this history length; -1: not
+
+
+@dataclass(frozen=True, slots=True)
+class BlockScores:
+    """The scores of one plan's candidates for one query."""
+
+    ranked: tuple[int, ...]  # the candidates, as `candidates` ranks them
+    values: dict[int, float]  # block id -> estimated attention mass
+    score_ms: float
+    index_ms: float
+    wait_ms: float  # what the turn waited for them: all of it, or the wait for the result
+    ahead_at: int = -1  # computed beside the prefill, from this history length; -1: not
 
 
 @dataclass(slots=True)
@@ -247,6 +261,59 @@ class GpuWindow:
         self.tracer.emit(kind, blocks=sorted(room.victims), cells=self.cells_used())
 
     # reselection -----------------------------------------------------------------------
+    def request(
+        self, spans: PromptSpans, forced: Sequence[int] = (), pending: int = 0, n_tokens: int = -1
+    ) -> WindowRequest:
+        """What a plan is asked for, with the history at `n_tokens` (-1: as it is now) and
+        `pending` prompt tokens after it."""
+        bt = self.table.block_tokens
+        n = self.table.n_tokens if n_tokens < 0 else n_tokens
+        return WindowRequest(
+            n_complete=n // bt,
+            open_tokens=n - (n // bt) * bt + pending,
+            spans=spans,
+            forced=tuple(forced),
+        )
+
+    def candidates(self, request: WindowRequest) -> tuple[int, ...]:
+        """The blocks a plan for `request` scores (empty: none is ranked)."""
+        return ranked_candidates(self.planner_config(self.config.method), request)
+
+    def score(self, ranked: Sequence[int], query: QueryVectors) -> BlockScores:
+        """The candidates' scores for `query` (pure: reads the index and the store). Safe on
+        another thread while the prefill goes on, in the default rank mode: it waits only
+        for the candidates' summaries and reads nothing the prefill writes."""
+        assert self.index is not None
+        c = self.config
+        t_index = time.perf_counter()
+        self.index.score_table(ranked)  # summaries still being computed: waited for here
+        ts = time.perf_counter()
+        if c.rank is RankMode.EXACT:  # the oracle: exact mass over the stored keys
+            values = exact_block_scores(self.transfer.store, self.index.geometry, ranked, query)
+        else:
+            values = score_blocks(
+                self.index,
+                ranked,
+                query,
+                workers=c.score_workers,
+                mode=c.score_mode,
+                aggregate=c.score_aggregate,
+                max_logits=c.score_mlogits * 1_000_000,
+            )
+        if c.rank is RankMode.RERANK:  # the shortlist reordered by its exact mass
+            shortlist = RERANK_FACTOR * (c.budget // self.table.block_tokens)
+            store, geometry = self.transfer.store, self.index.geometry
+            pinned = sorted(set(range(self.table.n_complete_blocks)) - set(ranked))
+            values = rerank_scores(store, geometry, ranked, values, query, shortlist, pinned)
+        t_end = time.perf_counter()
+        return BlockScores(
+            ranked=tuple(ranked),
+            values={b: float(v) for b, v in zip(ranked, values, strict=True)},
+            score_ms=(t_end - ts) * 1e3,
+            index_ms=(ts - t_index) * 1e3,
+            wait_ms=(t_end - t_index) * 1e3,
+        )
+
     def plan(
         self,
         spans: PromptSpans,
@@ -254,55 +321,38 @@ class GpuWindow:
         n_prompt: int,
         forced: Sequence[int] = (),
         pending: int = 0,
+        scored: BlockScores | None = None,
     ) -> Reselection:
         """The window for this query (pure: reads the index and the residency only).
 
         `pending`: prompt tokens after the history, decoded once the plan is applied (the
-        deferred tail): they get room next to the window, and nothing is replayed."""
-        c, t = self.config, self.table
-        bt = t.block_tokens
-        request = WindowRequest(
-            n_complete=t.n_complete_blocks,
-            open_tokens=t.n_tokens - t.n_complete_blocks * bt + pending,
-            spans=spans,
-            forced=tuple(forced),
-        )
-        method = c.method
-        scores, score_ms, index_ms = None, 0.0, 0.0
+        deferred tail): they get room next to the window, and nothing is replayed.
+        `scored`: the candidates' scores for `query`, computed ahead (`score`); used when
+        they are this plan's candidates, else the plan scores them itself."""
+        t = self.table
+        request = self.request(spans, forced, pending)
+        method = self.config.method
         ranked = ranked_candidates(self.planner_config(method), request)
         if ranked and query is not None and self.index is not None:
-            t_index = time.perf_counter()
-            self.index.score_table()  # summaries still being computed: waited for here
-            ts = time.perf_counter()
-            index_ms = (ts - t_index) * 1e3
-            if c.rank is RankMode.EXACT:  # the oracle: exact mass over the stored keys
-                geometry = self.index.geometry
-                values = exact_block_scores(self.transfer.store, geometry, ranked, query)
-            else:
-                values = score_blocks(
-                    self.index,
-                    ranked,
-                    query,
-                    workers=c.score_workers,
-                    mode=c.score_mode,
-                    aggregate=c.score_aggregate,
-                    max_logits=c.score_mlogits * 1_000_000,
-                )
-            if c.rank is RankMode.RERANK:  # the shortlist reordered by its exact mass
-                shortlist = RERANK_FACTOR * (c.budget // bt)
-                store, geometry = self.transfer.store, self.index.geometry
-                pinned = sorted(set(range(t.n_complete_blocks)) - set(ranked))
-                values = rerank_scores(store, geometry, ranked, values, query, shortlist, pinned)
-            scores = {b: float(s) for b, s in zip(ranked, values, strict=True)}
-            score_ms = (time.perf_counter() - ts) * 1e3
+            if scored is None or scored.ranked != ranked:
+                scored = self.score(ranked, query)
         elif ranked:
-            method = RetrievalMethod.RECENCY
+            method, scored = RetrievalMethod.RECENCY, None
+        else:
+            scored = None
         # complete blocks only: the open block (kept partial by a truncation) stays put
         resident = [b for b in t.gpu_blocks() if b < t.n_complete_blocks]
-        plan = plan_window(self.planner_config(method), request, resident, scores)
-        starts = window_layout(set(plan.selected), t.n_complete_blocks, bt, self.positions)
+        values = scored.values if scored is not None else None
+        plan = plan_window(self.planner_config(method), request, resident, values)
+        starts = window_layout(
+            set(plan.selected), t.n_complete_blocks, t.block_tokens, self.positions
+        )
         replay = None if pending else self._replay_start(plan, starts, spans, n_prompt)
-        return Reselection(plan, starts, replay, score_ms, index_ms)
+        if scored is None:
+            return Reselection(plan, starts, replay, 0.0)
+        return Reselection(
+            plan, starts, replay, scored.score_ms, scored.index_ms, scored.wait_ms, scored.ahead_at
+        )
 
     def _replay_start(
         self, plan: WindowPlan, starts: dict[int, int], spans: PromptSpans, n_prompt: int
@@ -352,7 +402,7 @@ class GpuWindow:
         stats.score_ms += res.score_ms + res.index_ms
         self.last_plan = plan
         self.note_peak()
-        ms = (time.perf_counter() - t0) * 1e3 + res.score_ms + res.index_ms
+        ms = (time.perf_counter() - t0) * 1e3 + res.wait_ms  # what the turn waited for
         stats.reselect_ms += ms
         self._trace(res, applied, ms)
         return applied
@@ -372,6 +422,8 @@ class GpuWindow:
             ms=ms,
             score_ms=res.score_ms,
             index_wait_ms=res.index_ms,
+            ahead="-" if res.ahead_at < 0 else res.ahead_at,
+            score_wait_ms=res.wait_ms,
             evict_ms=applied.evict_ms,
             move_ms=applied.move_ms,
             restore_ms=applied.restore_ms,

@@ -193,9 +193,13 @@ class RetrievalIndex:
         self._sync()
         return self._table.stats(block_ids)
 
-    def score_table(self) -> SummaryTable:
-        """The summaries as scoring reads them (per layer and KV head, one row per block)."""
-        self._sync()
+    def score_table(self, block_ids: Sequence[int] | None = None) -> SummaryTable:
+        """The summaries as scoring reads them (per layer and KV head, one row per block),
+        holding every block of `block_ids` (None: every block added so far)."""
+        if block_ids is None:
+            self._sync()
+        else:
+            self._sync_blocks(block_ids)
         return self._table
 
     @property
@@ -205,6 +209,10 @@ class RetrievalIndex:
 
     def _sync(self) -> None:
         """Make every summary added so far readable (synchronous here)."""
+
+    def _sync_blocks(self, block_ids: Sequence[int]) -> None:
+        """Make the summaries of `block_ids` readable (others may still be pending)."""
+        self._sync()
 
     # internals ---------------------------------------------------------------------
 

@@ -12,12 +12,13 @@ an exp. It grows with the history, so `max_logits` bounds it: past the bound, th
 tokens scored are an even sample of each query span (its last token always in it), a
 function of the query alone (`sample_rows`).
 
-The summaries are read where they lie (`SummaryTable`: per layer and KV head, one row per
-block): when the candidates are most of the table, each (layer, KV head) is one product of
-its query rows with every row of the table, the columns of non-candidates masked out of
-the softmax and the candidates' columns picked from the per-layer result; when they are
-few, their rows are gathered first. The query of a layer is prepared once (RoPE removed,
-scaled, grouped by KV head, [q+ | q-] for the bound). With `workers > 1` the layers run on
+The summaries come from the `SummaryTable` (per layer and KV head, one row per block): each
+layer gathers the candidates' rows, in the candidates' order, and each (layer, KV head) is
+one product of its query rows with them. So a score depends on the candidates and the
+query alone, not on the other rows the table holds (a block summarized later, a row moved
+by a removal), and the table may take new summaries on another thread meanwhile. The query
+of a layer is prepared once (RoPE removed, scaled, grouped by KV head, [q+ | q-] for the
+bound). With `workers > 1` the layers run on
 a thread pool (numpy releases the GIL in matmul and exp), OpenBLAS on one thread per product
 meanwhile (`blas_threads`), since it runs one multi-threaded product at a time. The result
 does not depend on `workers`.
@@ -67,15 +68,6 @@ class QueryVectors:
     by_layer: dict[int, np.ndarray] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class _Columns:
-    """Which rows of the summary table are scored, and how the candidates are read back."""
-
-    rows: np.ndarray | None  # int64 [n_cand]: the table rows to gather first; None: all rows
-    masked: np.ndarray  # int64 [n_masked]: scored columns that are not candidates (-inf)
-    picks: np.ndarray  # int64 [n_blocks]: each candidate's column in the scored result
-
-
 def score_blocks(
     index: RetrievalIndex,
     block_ids: Sequence[int],
@@ -109,39 +101,27 @@ def score_blocks(
     positions = np.asarray(query.positions)  # [n_tokens]
     for _, layer in used:
         _check_query(np.asarray(query.by_layer[layer]), positions, geometry, layer)
-    table = index.score_table()
-    columns = _columns(table.rows(ids), len(table))
-    keys = table.bound_keys if mode is ScoreMode.KEY_BOUND else table.mean_keys
+    table = index.score_table(ids)
+    rows = table.rows(ids)  # [n_blocks]
+    bound = mode is ScoreMode.KEY_BOUND
     use_max = aggregate is ScoreAggregate.MAX
 
     def one_layer(job: tuple[int, int]) -> np.ndarray:
         j, layer = job
         q = _prepared_query(query.by_layer[layer], positions, geometry, mode)  # [n_kv, n, d']
-        layer_keys = keys[j] if columns.rows is None else keys[j][:, columns.rows]
-        return _layer_scores(q, layer_keys, columns.masked, use_max)  # [n_columns]
+        return _layer_scores(q, table.gather(j, rows, bound), use_max)  # [n_blocks]
 
     if workers > 1 and len(used) > 1:
         with single_threaded_blas(), ThreadPoolExecutor(min(workers, len(used))) as pool:
-            per_layer = np.stack(list(pool.map(one_layer, used)))  # [n_used, n_columns]
+            per_layer = np.stack(list(pool.map(one_layer, used)))  # [n_used, n_blocks]
     else:
-        per_layer = np.stack([one_layer(job) for job in used])  # [n_used, n_columns]
-    per_layer = per_layer[:, columns.picks]  # [n_used, n_blocks]
+        per_layer = np.stack([one_layer(job) for job in used])  # [n_used, n_blocks]
     if use_max:
         per_layer /= per_layer.sum(axis=1, keepdims=True)
     else:
         n_head = np.asarray(query.by_layer[used[0][1]]).shape[1]
         per_layer /= float(len(positions) * n_head)
     return per_layer.mean(axis=0).astype(np.float32)  # [n_blocks]
-
-
-def _columns(rows: np.ndarray, n_rows: int) -> _Columns:
-    """Score every table row and mask the non-candidates when the candidates are most of
-    the table (no gather); gather the candidates' rows when they are few."""
-    if 2 * len(rows) < n_rows:
-        return _Columns(rows, np.zeros(0, np.int64), np.arange(len(rows), dtype=np.int64))
-    candidate = np.zeros(n_rows, dtype=bool)  # [n_rows]
-    candidate[rows] = True
-    return _Columns(None, np.flatnonzero(~candidate).astype(np.int64), rows)
 
 
 def _prepared_query(
@@ -164,21 +144,19 @@ def _prepared_query(
     return np.concatenate([np.maximum(grouped, 0), np.minimum(grouped, 0)], axis=-1)
 
 
-def _layer_scores(q: np.ndarray, keys: np.ndarray, masked: np.ndarray, use_max: bool) -> np.ndarray:
-    """float64 [n_columns]: the max (or sum) over one layer's query rows of
-    softmax_b(q . k_b) over the unmasked columns b (masked int64 [n_masked] get 0).
+def _layer_scores(q: np.ndarray, keys: np.ndarray, use_max: bool) -> np.ndarray:
+    """float64 [n_blocks]: the max (or sum) over one layer's query rows of
+    softmax_b(q . k_b) over the blocks b.
 
-    q float32 [n_kv, n_rows, d'] (scaled); keys float32 [n_kv, n_columns, d'], one row
-    per column. The logits are computed in tiles of at most `_CHUNK_ELEMENTS`.
+    q float32 [n_kv, n_rows, d'] (scaled); keys float32 [n_kv, n_blocks, d'], one row
+    per block. The logits are computed in tiles of at most `_CHUNK_ELEMENTS`.
     """
     n_kv, n_rows, _ = q.shape
-    out = np.zeros(keys.shape[1], dtype=np.float64)  # [n_columns]
+    out = np.zeros(keys.shape[1], dtype=np.float64)  # [n_blocks]
     step = max(1, _CHUNK_ELEMENTS // keys.shape[1])
     for kvh in range(n_kv):
         for r0 in range(0, n_rows, step):
-            logits = q[kvh, r0 : r0 + step] @ keys[kvh].T  # [rows, n_columns]
-            if len(masked):
-                logits[:, masked] = -np.inf
+            logits = q[kvh, r0 : r0 + step] @ keys[kvh].T  # [rows, n_blocks]
             logits -= logits.max(axis=1, keepdims=True)
             np.exp(logits, out=logits)
             weights = np.reciprocal(logits.sum(axis=1))  # [rows]: 1 / each row's sum
@@ -186,7 +164,7 @@ def _layer_scores(q: np.ndarray, keys: np.ndarray, masked: np.ndarray, use_max: 
                 logits *= weights[:, None]
                 np.maximum(out, logits.max(axis=0), out=out)
             else:
-                out += weights @ logits  # [n_columns]
+                out += weights @ logits  # [n_blocks]
     return out
 
 

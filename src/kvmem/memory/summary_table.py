@@ -8,10 +8,15 @@ rows in use (`mean_keys`, `bound_keys`: views, no copy) and picks the candidates
 from the result. Rows [0, len) are dense: a removed block's row is filled with the last
 row, so the order of rows is not the order of block ids; `rows` maps ids to rows. The
 capacity doubles when full.
+
+Scoring reads the candidates' rows through `gather` (a copy, under the table's lock), so
+a score depends on the candidates alone, never on which other rows the table holds, and
+a scoring thread may read while another thread stores new summaries.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -34,6 +39,7 @@ class SummaryTable:
         self._bound = np.zeros((n_scored, n_kv, _INITIAL_CAPACITY, 2 * head_dim), np.float32)
         self._row_of: dict[int, int] = {}
         self._id_of_row: list[int] = []
+        self._lock = threading.Lock()  # writers (put, remove) against `gather`
 
     @property
     def stats_shape(self) -> tuple[int, int, int, int]:
@@ -49,6 +55,10 @@ class SummaryTable:
         last = {int(b): i for i, b in enumerate(block_ids)}  # id -> its last position
         if not last:
             return
+        with self._lock:
+            self._put(last, stats)
+
+    def _put(self, last: dict[int, int], stats: np.ndarray) -> None:
         self._reserve(len(self._id_of_row) + len(last))
         for block_id in last:
             if block_id not in self._row_of:
@@ -64,17 +74,21 @@ class SummaryTable:
 
     def remove(self, block_ids: Iterable[int]) -> None:
         """Forget blocks (the last row fills the hole); ids not held are ignored."""
-        for block_id in block_ids:
-            row = self._row_of.pop(block_id, None)
-            if row is None:
-                continue
-            last = len(self._id_of_row) - 1
-            moved = self._id_of_row.pop()
-            if row != last:
-                self._mean[:, :, row] = self._mean[:, :, last]
-                self._bound[:, :, row] = self._bound[:, :, last]
-                self._id_of_row[row] = moved
-                self._row_of[moved] = row
+        with self._lock:
+            for block_id in block_ids:
+                self._remove(block_id)
+
+    def _remove(self, block_id: int) -> None:
+        row = self._row_of.pop(block_id, None)
+        if row is None:
+            return
+        last = len(self._id_of_row) - 1
+        moved = self._id_of_row.pop()
+        if row != last:
+            self._mean[:, :, row] = self._mean[:, :, last]
+            self._bound[:, :, row] = self._bound[:, :, last]
+            self._id_of_row[row] = moved
+            self._row_of[moved] = row
 
     def rows(self, block_ids: Sequence[int]) -> np.ndarray:
         """int64 [n_blocks]: the rows of the blocks in `mean_keys`/`bound_keys`."""
@@ -91,6 +105,12 @@ class SummaryTable:
         bound = self._bound[:, :, rows].transpose(2, 0, 1, 3)  # [n_blocks, L, kv, 2 * hd]
         out[:, STAT_MAX], out[:, STAT_MIN] = bound[..., :hd], bound[..., hd:]
         return out
+
+    def gather(self, layer: int, rows: np.ndarray, bound: bool) -> np.ndarray:
+        """float32 [n_kv, n_rows, d]: one scored layer's rows `rows` (int64 [n_rows], from
+        `rows`), a copy: the [max | min] rows (d = 2 head_dim) or the mean keys."""
+        with self._lock:
+            return (self._bound if bound else self._mean)[layer][:, rows]
 
     @property
     def mean_keys(self) -> np.ndarray:
