@@ -84,7 +84,39 @@ def dequantize_rows(rows: np.ndarray, ggml_type: GgmlType, n_elements: int) -> n
         return data.view("<f2").astype(np.float32)  # [n_rows, n_elements]
     if n_rows == 0:
         return np.zeros((0, n_elements), dtype=np.float32)
-    import gguf  # deferred: importing gguf costs ~0.25 s, only quantized K needs it
+    blocks = data.reshape(-1, ggml_type.type_size)  # [n_rows * n_elements / 32, type_size]
+    values = _QUANTS[ggml_type](blocks)  # [n_blocks, 32]
+    return values.reshape(n_rows, n_elements)  # [n_rows, n_elements]
 
-    out = gguf.quants.dequantize(data, gguf.GGMLQuantizationType(int(ggml_type)))
-    return np.asarray(out, dtype=np.float32).reshape(n_rows, n_elements)  # [n_rows, n_elements]
+
+def _scales(blocks: np.ndarray) -> np.ndarray:
+    """float32 [n_blocks, 1]: each block's f16 scale (its first two bytes)."""
+    return np.ascontiguousarray(blocks[:, :2]).view("<f2").astype(np.float32)
+
+
+def _q8_0(blocks: np.ndarray) -> np.ndarray:
+    """float32 [n_blocks, 32] of q8_0 blocks uint8 [n_blocks, 34]: d * int8."""
+    return blocks[:, 2:].view(np.int8).astype(np.float32) * _scales(blocks)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """uint8 [n_blocks, 32] of packed bytes [n_blocks, 16]: the low nibbles, then the high."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+
+
+def _q4_0(blocks: np.ndarray) -> np.ndarray:
+    """float32 [n_blocks, 32] of q4_0 blocks uint8 [n_blocks, 18]: d * (nibble - 8)."""
+    q = _nibbles(blocks[:, 2:]).astype(np.int8) - np.int8(8)  # [n_blocks, 32]
+    return q.astype(np.float32) * _scales(blocks)
+
+
+def _q5_0(blocks: np.ndarray) -> np.ndarray:
+    """float32 [n_blocks, 32] of q5_0 blocks uint8 [n_blocks, 22]: d * (5-bit - 16); bit j of
+    the 32-bit qh is the fifth bit of value j."""
+    qh = np.ascontiguousarray(blocks[:, 2:6]).view("<u4")  # [n_blocks, 1]
+    high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8) << 4  # [n_blocks, 32]
+    q = (_nibbles(blocks[:, 6:]) | high).astype(np.int8) - np.int8(16)  # [n_blocks, 32]
+    return q.astype(np.float32) * _scales(blocks)
+
+
+_QUANTS = {GgmlType.Q8_0: _q8_0, GgmlType.Q4_0: _q4_0, GgmlType.Q5_0: _q5_0}

@@ -90,18 +90,18 @@ def _rotate(x: np.ndarray, positions: np.ndarray, params: RopeParams, sign: floa
     bshape = (theta.shape[0],) + (1,) * (x.ndim - 2) + (theta.shape[1],)
     cos = np.cos(theta).astype(np.float32).reshape(bshape)  # [n_tokens, 1.., half]
     sin = (sign * np.sin(theta)).astype(np.float32).reshape(bshape)  # [n_tokens, 1.., half]
-    src = np.asarray(x, dtype=np.float32)  # [n_tokens, ..., head_dim]
+    src = np.ascontiguousarray(x, dtype=np.float32)  # [n_tokens, ..., head_dim]
     out = np.empty(src.shape, dtype=np.float32)  # [n_tokens, ..., head_dim]
     n_rot, half = params.n_rot, params.n_rot // 2
     out[..., n_rot:] = src[..., n_rot:]
-    if params.rope_type is RopeType.NORM:
-        first, second = slice(0, n_rot, 2), slice(1, n_rot, 2)
-    else:
-        first, second = slice(0, half), slice(half, n_rot)
-    x0 = src[..., first]  # [n_tokens, ..., half]
-    x1 = src[..., second]  # [n_tokens, ..., half]
-    out[..., first] = x0 * cos - x1 * sin
-    out[..., second] = x0 * sin + x1 * cos
+    if params.rope_type is RopeType.NORM:  # adjacent pairs: one complex product
+        turn = (cos + 1j * sin).astype(np.complex64)  # [n_tokens, 1.., half]
+        out[..., :n_rot].view(np.complex64)[...] = src[..., :n_rot].view(np.complex64) * turn
+        return out
+    x0 = src[..., :half]  # [n_tokens, ..., half]: NEOX pairs value i with value i + half
+    x1 = src[..., half:n_rot]  # [n_tokens, ..., half]
+    out[..., :half] = x0 * cos - x1 * sin
+    out[..., half:n_rot] = x0 * sin + x1 * cos
     return out
 
 
