@@ -31,3 +31,15 @@ def test_score_cost_reports_each_pair_with_the_sampled_query(
         assert r["old_seconds"] > 0 and r["new_seconds"] > 0
     out = capsys.readouterr().out
     assert f"score cost: {2000 - pinned} of 2000 blocks x 3 layers x 8 heads" in out
+
+
+def test_score_cost_times_block_summaries(tmp_path, capsys) -> None:
+    rc = main(
+        ["score-cost", "--blocks", "64", "--pinned", "0", "--n-layer", "4", "--n-head", "8",
+         "--n-head-kv", "2", "--head-dim", "32", "--query-tokens", "16", "--threads", "1",
+         "--mlogits", "0", "--summary-blocks", "3", "--out", str(tmp_path)]
+    )  # fmt: skip
+    assert rc == 0
+    doc = json.loads((tmp_path / "score_cost.json").read_text())
+    assert doc["summary_ms_per_block"] > 0
+    assert "block summaries:" in capsys.readouterr().out

@@ -9,7 +9,8 @@ candidates) and times, for each `--mlogits` x `--threads` pair in this one run, 
 today's `score_blocks` over the `SummaryTable`, with their ratio, the largest relative
 difference of their scores and whether their top-k blocks agree. It also reports how many
 query tokens each bound keeps and whether the top-k blocks stay those of the unbounded
-scores.
+scores, and (`--summary-blocks N`) the time to summarize one harvest of N blocks whose K is
+q8_0 with the Hadamard rotation, as the index workers do for every block.
 """
 
 from __future__ import annotations
@@ -26,8 +27,13 @@ from kvmem.bench.score_baseline import BaselineIndex, baseline_scores
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.memory.blas_threads import blas_threads
 from kvmem.memory.ggml_types import GgmlType
-from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
-from kvmem.memory.rope import RopeParams, RopeType
+from kvmem.memory.retrieval_index import (
+    BlockKeys,
+    KeyGeometry,
+    RetrievalIndex,
+    default_score_layers,
+)
+from kvmem.memory.rope import RopeParams, RopeType, k_rotation_size
 from kvmem.memory.scorer import QueryVectors, ScoreAggregate, sample_rows, score_blocks
 from kvmem.memory.summary_table import N_STATS
 
@@ -58,6 +64,26 @@ def _query(ns: argparse.Namespace, layers: Sequence[int], rng: np.random.Generat
     shape = (len(positions), ns.n_head, ns.head_dim)
     by_layer = {layer: rng.standard_normal(shape).astype(np.float32) for layer in layers}
     return QueryVectors(positions=positions.astype(np.int64), by_layer=by_layer)  # [n_tokens]
+
+
+def summary_ms(ns: argparse.Namespace, rng: np.random.Generator) -> float:
+    """Milliseconds per block to summarize `--summary-blocks` random q8_0 blocks (rotated
+    K, as llama.cpp stores a quantized K cache) at the shape: the best of three batches."""
+    rotation = k_rotation_size(ns.head_dim)
+    geometry = KeyGeometry(
+        ns.n_layer, ns.n_head_kv, ns.head_dim, GgmlType.Q8_0,
+        RopeParams(RopeType.NORM, ns.head_dim, 500000.0), rotation,
+    )  # fmt: skip
+    index = RetrievalIndex(geometry, default_score_layers(ns.n_layer))
+    n, bt, row = ns.summary_blocks, ns.block_tokens, geometry.k_row_bytes
+    scale = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)  # [2]
+    blocks = []
+    for b in range(n):
+        rows = rng.integers(0, 256, size=(ns.n_layer, bt, row), dtype=np.uint8)  # [L, bt, row]
+        rows.reshape(ns.n_layer, bt, -1, 34)[..., :2] = scale  # q8_0 blocks: a sane f16 scale
+        blocks.append(BlockKeys(b, np.arange(b * bt, (b + 1) * bt), list(rows)))
+    best = min(_timed(partial(index.summarize, blocks))[1] for _ in range(3))
+    return best * 1e3 / n
 
 
 def _timed(score: Callable[[], np.ndarray]) -> tuple[np.ndarray, float]:
@@ -105,8 +131,14 @@ def run(ns: argparse.Namespace) -> int:
         f"{ns.n_head} heads, {ns.query_tokens}-token query, OpenBLAS threads {blas_threads()}"
     )
     print(format_table(head, rows, title))
+    summary = summary_ms(ns, rng) if ns.summary_blocks else None
+    if summary is not None:
+        print(
+            f"block summaries: {summary:.1f} ms per block ({ns.summary_blocks} q8_0 blocks at once)"
+        )
     if ns.out:
         write_json(ns.out, "score_cost.json", {"machine": machine_description(), "results": results,
+                                               "summary_ms_per_block": summary,
                                                "shape": {k: getattr(ns, k) for k in _SHAPE}})  # fmt: skip
     return 0
 
@@ -144,6 +176,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mlogits", type=_int_list, default=[0, 128, 32], metavar="M,M",
                    help="bounds in millions of logits (0 = none)")  # fmt: skip
     p.add_argument("--top-k", type=strict_int, default=200)
+    p.add_argument("--summary-blocks", type=strict_int, default=0,
+                   help="also time summarizing this many q8_0 blocks at once (0 = no)")  # fmt: skip
     p.add_argument("--seed", type=strict_int, default=0)
     p.add_argument("--out", default=None, metavar="DIR")
     p.set_defaults(handler=run)
