@@ -154,6 +154,12 @@ class KVMemConfig:
             raise ConfigError("--kvmem-stream-cap", f"must be >= 0, got {self.stream_cap}")
         if any(layer < 0 for layer in self.score_layers):
             raise ConfigError("--kvmem-score-layers", "layer indices must be >= 0")
+        if self.query_ahead is QueryAheadMode.OFF and self.query_source is not QuerySource.SCORING:
+            raise ConfigError(
+                "--kvmem-query-ahead",
+                "applies to --kvmem-query-source scoring only (the main source captures its "
+                "query during the prefill)",
+            )
         self._validate_disk_tier()
 
     def _validate_disk_tier(self) -> None:

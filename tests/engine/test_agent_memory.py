@@ -4,6 +4,7 @@ document comes back into the window (stage-in), which a recency window never hol
 from __future__ import annotations
 
 import io
+import threading
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from kvmem.chat.prompt import build_prompt_tokens
 from kvmem.chat.template import ChatTemplate
 from kvmem.config import KVMemConfig, QueryAheadMode, QuerySource
+from kvmem.errors import TurnCancelledError
 from kvmem.memory.planner import RetrievalMethod, Tier
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
@@ -205,6 +207,46 @@ def test_scores_computed_ahead_of_the_prefill_give_the_window_computed_after_it(
             assert second == sizes[1][1] > 0
     assert out["scoring"] == out["scoring-after"]
     assert all(stage_in > 0 for _, _, stage_in in out["scoring"])
+
+
+class _CancelAfter(threading.Event):
+    """A cancel event that reads as set from its (n + 1)-th check on (one per chunk)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.checks, self.n = 0, n
+
+    def is_set(self) -> bool:
+        self.checks += 1
+        return self.checks > self.n
+
+
+def test_a_turn_cancelled_while_its_query_work_runs_ahead_leaves_the_session_usable(engines):
+    """Cancelling a prefill while the scoring context's worker decodes its query waits for
+    that work before the error reaches the caller; the same request then answers as one
+    that was never cancelled (with the query work after the prefill)."""
+    got: dict[str, tuple] = {}
+    for name in ("scoring", "scoring-after"):
+        engine = engines[name]
+        engine.reset()
+        template = ChatTemplate.from_engine_info(engine.info, None)
+        first, second = (
+            build_prompt_tokens(engine, template, agent_messages(r), tools=TOOLS) for r in (4, 9)
+        )
+        list(engine.generate(first.tokens, query=first.spans, sampling=GREEDY, max_tokens=2))
+        if name == "scoring":
+            with pytest.raises(TurnCancelledError):
+                list(
+                    engine.generate(
+                        second.tokens, query=second.spans, sampling=GREEDY, cancel=_CancelAfter(1)
+                    )
+                )
+            assert engine.scoring.worker.submit(lambda: 7).result(timeout=1) == 7  # idle
+        out = list(
+            engine.generate(second.tokens, query=second.spans, sampling=GREEDY, max_tokens=6)
+        )
+        got[name] = (engine.session.last_plan.tiers, out)
+    assert got["scoring"] == got["scoring-after"]
 
 
 def test_scoring_context_reads_the_main_contexts_rows_for_a_prompt_that_is_all_query(engines):

@@ -9,7 +9,7 @@ import pytest
 
 from kvmem.cli.server_args import SERVER_FLAGS, build_server_parser
 from kvmem.cli.server_config import load_server_settings
-from kvmem.config import KVMemConfig, QuerySource
+from kvmem.config import KVMemConfig, QueryAheadMode, QuerySource
 from kvmem.engine import EngineSettings, GpuPlacement
 from kvmem.errors import ConfigError
 from kvmem.memory.exact_scorer import RankMode
@@ -264,6 +264,8 @@ def test_gpu_layers_and_flash_attn_values() -> None:
         (["--kvmem-stream-cap", "-1"], "--kvmem-stream-cap"),
         (["--kvmem-query-policy", "x"], "--kvmem-query-policy"),
         (["--kvmem-query-source", "gpu"], "--kvmem-query-source"),
+        (["--kvmem-query-ahead", "later"], "--kvmem-query-ahead"),
+        (["--kvmem-query-ahead", "off"], "--kvmem-query-ahead"),  # the main source's query
         (["--kvmem-query-max-tokens", "0"], "--kvmem-query-max-tokens"),
         (["--kvmem-score-layers", "a,b"], "--kvmem-score-layers"),
         (["--kvmem-score-layers", "-1"], "--kvmem-score-layers"),
@@ -333,3 +335,6 @@ def test_retrieval_flags_reach_the_kvmem_config() -> None:
     assert load().engine.kvmem.query_source is QuerySource.MAIN
     s = load("--kvmem-query-source", "scoring")
     assert s.engine.kvmem.query_source is QuerySource.SCORING
+    assert s.engine.kvmem.query_ahead is QueryAheadMode.ON
+    s = load("--kvmem-query-source", "scoring", "--kvmem-query-ahead", "off")
+    assert s.engine.kvmem.query_ahead is QueryAheadMode.OFF
