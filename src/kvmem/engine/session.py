@@ -275,20 +275,21 @@ class KVMemSession:
         try:
             on_chunk = ahead.poll if ahead is not None else None
             captured = self._decode(suffix, stats, capture=on_main, spans=spans, on_chunk=on_chunk)
-        except BaseException:
             if ahead is not None:
+                captured = ahead.rows()
+                self.transfer.profile.add(
+                    TransferPath.SCORING_DECODE, ahead.rows_ms, calls=ahead.n_missing
+                )
+            elif self.scoring is not None:
+                captured = self._score_apart(wanted, prompt)
+            qvec = self._query_vectors(wanted, captured, prompt)
+            scored = ahead.scores() if ahead is not None else None
+        except BaseException:
+            if ahead is not None:  # the worker may still use the scoring context and index
                 ahead.settle()
             raise
-        if ahead is not None:
-            captured = ahead.rows()
-            self.transfer.profile.add(
-                TransferPath.SCORING_DECODE, ahead.rows_ms, calls=ahead.n_missing
-            )
-        elif self.scoring is not None:
-            captured = self._score_apart(wanted, prompt)
-        qvec = self._query_vectors(wanted, captured, prompt)
         if self.config.enabled:
-            self._reselect(spans, qvec, n, stats, ahead.scores() if ahead else None)
+            self._reselect(spans, qvec, n, stats, scored)
         if tail is not None:  # the tail, once, against the window chosen for its query
             self._decode(list(prompt[tail:]), stats)
             stats.deferred_tokens = n - tail
