@@ -39,18 +39,26 @@ class QueryAhead:
     order."""
 
     def __init__(
-        self, worker: ThreadPoolExecutor, rows: Callable[[], Rows], n_missing: int
+        self,
+        worker: ThreadPoolExecutor,
+        rows: Callable[[], Rows],
+        n_missing: int,
+        ranked: tuple[int, ...],
+        score: Callable[[Rows], BlockScores | None],
+        table: BlockTable,
+        flush: Callable[[], None],
     ) -> None:
+        """Decode the rows (`rows`, `n_missing` spans) at once; score `ranked` with `score`
+        once `table` holds them all complete, `flush` handing the last copy-out's blocks to
+        the index first. Polls at once: the candidates may all be harvested already."""
         self._worker = worker
         self.n_missing = n_missing  # query spans the scoring context decodes
         self.rows_ms = 0.0  # the scoring context's decode, on the worker
         self._rows: Future[Rows] = worker.submit(self._timed_rows, rows)
+        self._ranked, self._score, self._table, self._flush = ranked, score, table, flush
         self._scores: Future[BlockScores | None] | None = None
         self.scores_from = -1  # the history length when the scores were started
-        self._ranked: tuple[int, ...] = ()
-        self._score: Callable[[Rows], BlockScores | None] | None = None
-        self._table: BlockTable | None = None
-        self._flush: Callable[[], None] | None = None
+        self.poll()
 
     def _timed_rows(self, rows: Callable[[], Rows]) -> Rows:
         t0 = time.perf_counter()
@@ -59,24 +67,10 @@ class QueryAhead:
         finally:
             self.rows_ms = (time.perf_counter() - t0) * 1e3
 
-    def score_when_harvested(
-        self,
-        ranked: tuple[int, ...],
-        score: Callable[[Rows], BlockScores | None],
-        table: BlockTable,
-        flush: Callable[[], None],
-    ) -> None:
-        """Score `ranked` with `score` once `table` holds them all complete; `flush` hands
-        the last copy-out's blocks to the index first. Polls at once: the candidates may all
-        be harvested already."""
-        self._ranked, self._score, self._table, self._flush = ranked, score, table, flush
-        self.poll()
-
     def poll(self) -> None:
         """Start the scores if every candidate block is complete (once per turn)."""
         if not self._ranked or self._scores is not None:
             return
-        assert self._table is not None and self._flush is not None and self._score is not None
         if self._table.n_complete_blocks <= max(self._ranked):
             return
         self._flush()

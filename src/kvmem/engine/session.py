@@ -357,11 +357,15 @@ class KVMemSession:
             query = self.joined_query(wanted, rows, prompt)
             return None if query is None else window.score(ranked, query)
 
-        ahead = QueryAhead(
-            scoring.worker, lambda: scoring.query_rows(prompt, missing), len(missing)
+        return QueryAhead(
+            scoring.worker,
+            lambda: scoring.query_rows(prompt, missing),
+            len(missing),
+            ranked,
+            score,
+            self.table,
+            self.transfer.flush,
         )
-        ahead.score_when_harvested(ranked, score, self.table, self.transfer.flush)
-        return ahead
 
     def _deferred_start(self, spans: PromptSpans, n: int) -> int | None:
         """Where the prompt's tail starts when it is decoded only after the window is

@@ -55,28 +55,28 @@ __all__ = ["Applied", "BlockScores", "GpuWindow", "Reselection", "TokenSpan"]
 
 
 @dataclass(frozen=True, slots=True)
+class BlockScores:
+    """The scores of one plan's candidates for one query."""
+
+    ranked: tuple[int, ...]  # the candidates, as `candidates` ranks them
+    values: dict[int, float]  # block id -> estimated attention mass
+    score_ms: float  # the scoring itself
+    index_ms: float  # waiting for the block summaries still being computed
+    wait_ms: float  # what the turn waited for them: all of it, or the wait for the result
+    ahead_at: int = -1  # computed beside the prefill, from this history length; -1: not
+
+
+_UNSCORED = BlockScores((), {}, 0.0, 0.0, 0.0)  # a plan that ranked nothing by score
+
+
+@dataclass(frozen=True, slots=True)
 class Reselection:
     """A plan for one query: the tiers, where each block sits, and the replay."""
 
     plan: WindowPlan
     starts: dict[int, int]  # block id -> first position, for every selected block
     replay_from: int | None  # position to re-decode from, None = no replay
-    score_ms: float  # the scoring itself
-    index_ms: float = 0.0  # waiting for the block summaries still being computed
-    wait_ms: float = 0.0  # of those, what the turn waited for (all, unless scored ahead)
-    ahead_at: int = -1  # scored beside the prefill from this history length; -1: not
-
-
-@dataclass(frozen=True, slots=True)
-class BlockScores:
-    """The scores of one plan's candidates for one query."""
-
-    ranked: tuple[int, ...]  # the candidates, as `candidates` ranks them
-    values: dict[int, float]  # block id -> estimated attention mass
-    score_ms: float
-    index_ms: float
-    wait_ms: float  # what the turn waited for them: all of it, or the wait for the result
-    ahead_at: int = -1  # computed beside the prefill, from this history length; -1: not
+    scores: BlockScores = _UNSCORED  # what ranked the candidates, and its time
 
 
 @dataclass(slots=True)
@@ -332,7 +332,7 @@ class GpuWindow:
         t = self.table
         request = self.request(spans, forced, pending)
         method = self.config.method
-        ranked = ranked_candidates(self.planner_config(method), request)
+        ranked = self.candidates(request)
         if ranked and query is not None and self.index is not None:
             if scored is None or scored.ranked != ranked:
                 scored = self.score(ranked, query)
@@ -348,11 +348,7 @@ class GpuWindow:
             set(plan.selected), t.n_complete_blocks, t.block_tokens, self.positions
         )
         replay = None if pending else self._replay_start(plan, starts, spans, n_prompt)
-        if scored is None:
-            return Reselection(plan, starts, replay, 0.0)
-        return Reselection(
-            plan, starts, replay, scored.score_ms, scored.index_ms, scored.wait_ms, scored.ahead_at
-        )
+        return Reselection(plan, starts, replay, scored or _UNSCORED)
 
     def _replay_start(
         self, plan: WindowPlan, starts: dict[int, int], spans: PromptSpans, n_prompt: int
@@ -399,16 +395,16 @@ class GpuWindow:
             move_ms=(t_restore - t_move) * 1e3,
         )
         stats.evicted_blocks += applied.evicted
-        stats.score_ms += res.score_ms + res.index_ms
+        stats.score_ms += res.scores.score_ms + res.scores.index_ms
         self.last_plan = plan
         self.note_peak()
-        ms = (time.perf_counter() - t0) * 1e3 + res.wait_ms  # what the turn waited for
+        ms = (time.perf_counter() - t0) * 1e3 + res.scores.wait_ms  # what the turn waited for
         stats.reselect_ms += ms
         self._trace(res, applied, ms)
         return applied
 
     def _trace(self, res: Reselection, applied: Applied, ms: float) -> None:
-        plan = res.plan
+        plan, scores = res.plan, res.scores
         tiers = {f"{t.value}": plan.tier(t) for t in Tier}
         self.tracer.emit(
             TraceKind.RESELECT,
@@ -420,10 +416,10 @@ class GpuWindow:
             moved=applied.moved,
             bytes_in=applied.bytes_in,
             ms=ms,
-            score_ms=res.score_ms,
-            index_wait_ms=res.index_ms,
-            ahead="-" if res.ahead_at < 0 else res.ahead_at,
-            score_wait_ms=res.wait_ms,
+            score_ms=scores.score_ms,
+            index_wait_ms=scores.index_ms,
+            ahead="-" if scores.ahead_at < 0 else scores.ahead_at,
+            score_wait_ms=scores.wait_ms,
             evict_ms=applied.evict_ms,
             move_ms=applied.move_ms,
             restore_ms=applied.restore_ms,
