@@ -252,17 +252,22 @@ def test_a_turn_cancelled_while_its_query_work_runs_ahead_leaves_the_session_usa
 def test_scoring_context_reads_the_main_contexts_rows_for_a_prompt_that_is_all_query(engines):
     """A prompt shorter than the query bound is its own query from position 0: the scoring
     context decodes exactly what the main context decoded, so the rows are the same; and
-    with that source the main context carries no eval callback at all."""
+    with that source the main context carries no eval callback at all. The prompt fits
+    the budget, so the scoring source computes no rows for it (nothing is ranked)."""
     tokens = engines["main"].tokenize(FILLER * 8 + FACT, add_special=True)
     assert 128 < len(tokens) < 512
-    rows = {}
     for source in ("main", "scoring"):
         engine = engines[source]
         engine.reset()
         list(engine.generate(tokens, query=None, sampling=GREEDY, max_tokens=2))
-        query = engine.session.last_query
-        assert query.positions.tolist() == list(range(len(tokens)))
-        rows[source] = query.by_layer
+    query = engines["main"].session.last_query
+    assert query.positions.tolist() == list(range(len(tokens)))
+    assert engines["scoring"].session.last_query is None
+    span = TokenSpan(0, len(tokens))
+    rows = {
+        "main": query.by_layer,
+        "scoring": engines["scoring"].scoring.query_rows(tokens, [span])[span],
+    }
     assert engines["main"].ctx._callback is not None and engines["main"].scoring is None
     scoring = engines["scoring"]
     assert scoring.ctx._callback is None and scoring.scoring.ctx._callback is not None

@@ -264,14 +264,15 @@ class KVMemSession:
         stats.cached_tokens = reused
         stats.reprocessed_tokens = common - reused
         self.window.note_groups(spans.groups)  # evictions keep an image's blocks together
-        wanted = self._capture_spans(spans, n)
+        end = n if tail is None else tail  # where the plan is made
+        wanted = self._capture_spans(spans, n, end)
         if self.ssm is not None and self.config.enabled and n > self.config.budget:
             bt, pin = self.table.block_tokens, self.config.query_pin_tokens
             self.ssm.plan_prefill(reused, n, spans, pin, bt)
         suffix = list(prompt[reused:] if tail is None else prompt[reused:tail])
         stats.prefill_tokens = n - reused
         on_main = wanted if self.scoring is None else ()
-        ahead = self._begin_ahead(prompt, spans, wanted, n if tail is None else tail)
+        ahead = self._begin_ahead(prompt, spans, wanted, end)
         try:
             on_chunk = ahead.poll if ahead is not None else None
             captured = self._decode(suffix, stats, capture=on_main, spans=spans, on_chunk=on_chunk)
@@ -343,7 +344,7 @@ class KVMemSession:
         c = self.config
         if self.scoring is None or c.query_ahead is QueryAheadMode.OFF:
             return None
-        if self.ssm is not None or spans.groups:
+        if self.ssm is not None or spans.groups or not wanted:
             return None
         missing = [s for s in wanted if query_key(s, prompt) not in self._queries]
         scoring, window = self.scoring, self.window
@@ -403,9 +404,15 @@ class KVMemSession:
             )
         return spans
 
-    def _capture_spans(self, spans: PromptSpans, n: int) -> tuple[TokenSpan, ...]:
-        """The token spans whose query vectors score the blocks."""
+    def _capture_spans(self, spans: PromptSpans, n: int, end: int) -> tuple[TokenSpan, ...]:
+        """The token spans whose query vectors score the blocks of the plan made at `end`.
+        None when that plan ranks nothing (everything fits) and the rows come from the
+        scoring context: they are a function of the tokens, computed when a plan needs them.
+        The main context's rows are captured regardless: a later turn cannot recompute
+        them for a span it does not decode."""
         if (self.capture is None and self.scoring is None) or spans.query is None:
+            return ()
+        if self.scoring is not None and not self._ranks_at(spans, n, end):
             return ()
         q = self.config.query_max_tokens
         out = [spans.query.last(q)]
@@ -414,6 +421,12 @@ class KVMemSession:
             if traj.length and traj != out[0]:
                 out.append(traj)
         return tuple(out)
+
+    def _ranks_at(self, spans: PromptSpans, n: int, end: int) -> bool:
+        """Whether the plan made with the history at `end` (of `n` prompt tokens) ranks
+        any block by score."""
+        window = self.window
+        return bool(window.candidates(window.request(spans, self._forced(), n - end, end)))
 
     def _score_apart(
         self, wanted: tuple[TokenSpan, ...], prompt: Sequence[int]
