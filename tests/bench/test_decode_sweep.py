@@ -136,11 +136,13 @@ def test_command_on_a_tiny_synthetic_model(
             "-m",
             str(model),
             "--contexts",
-            "512,1024",
+            "1024,2048",
             "--budget",
-            "512",
+            "1024",
             "--gen-reserve",
-            "256",
+            "128",
+            "--block-tokens",
+            "64",  # 13 window slots: sink 1, recent 2, the query 8, and 2 for the ranked blocks
             "--gen-tokens",
             "16",
             "--configs",
@@ -154,50 +156,51 @@ def test_command_on_a_tiny_synthetic_model(
     assert rc == 0
     assert "stock@window" in capsys.readouterr().out
     doc = json.loads((tmp_path / "decode_sweep.json").read_text())
-    assert doc["settings"]["cache_type_k"] == "f16" and doc["settings"]["budget"] == 512
+    assert doc["settings"]["cache_type_k"] == "f16" and doc["settings"]["budget"] == 1024
+    assert doc["settings"]["block_tokens"] == 64
     rows = [(r["config"], r["context"], r["window"]) for r in doc["results"]]
     assert rows == [
-        ("stock", 512, True),
-        ("stock", 512, False),
+        ("stock", 1024, True),
         ("stock", 1024, False),
-        ("kvmem", 512, False),
+        ("stock", 2048, False),
         ("kvmem", 1024, False),
-        ("kvmem-numpy", 512, False),
+        ("kvmem", 2048, False),
         ("kvmem-numpy", 1024, False),
-        ("kvmem-nocb", 512, False),
+        ("kvmem-numpy", 2048, False),
         ("kvmem-nocb", 1024, False),
-        ("kvmem-scoring", 512, False),
+        ("kvmem-nocb", 2048, False),
         ("kvmem-scoring", 1024, False),
-        ("kvmem-scoring-after", 512, False),
+        ("kvmem-scoring", 2048, False),
         ("kvmem-scoring-after", 1024, False),
-        ("offload", 512, False),
+        ("kvmem-scoring-after", 2048, False),
         ("offload", 1024, False),
+        ("offload", 2048, False),
     ]
     for r in doc["results"]:
         assert r["generated_tokens"] == 16 and r["prompt_tokens"] == r["context"] - 16
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["decode_ratio_vs_window"] > 0
-    kvmem_1k, numpy_1k = doc["results"][4], doc["results"][6]
-    assert kvmem_1k["host_store_bytes"] > 0  # the history beyond the budget went to the host
+    kvmem_2k, numpy_2k = doc["results"][4], doc["results"][6]
+    assert kvmem_2k["host_store_bytes"] > 0  # the history beyond the budget went to the host
     # the native and the numpy copy path store the same history; the prefill loop is timed
-    assert numpy_1k["host_store_bytes"] == kvmem_1k["host_store_bytes"]
-    for r in (kvmem_1k, numpy_1k):
+    assert numpy_2k["host_store_bytes"] == kvmem_2k["host_store_bytes"]
+    for r in (kvmem_2k, numpy_2k):
         assert r["transfer"]["prefill_decode"]["calls"] == r["transfer"]["prefill_gap"]["calls"]
         assert r["transfer"]["prefill_gap"]["calls"] >= 2
-    assert kvmem_1k["gpu_cells_peak"] <= 512 + 256
+    assert kvmem_2k["gpu_cells_peak"] <= 1024 + 128
     # without an eval callback llama.cpp never calls into KVMem; the window still streams
-    nocb_1k = doc["results"][8]
-    assert kvmem_1k["transfer"]["capture"]["calls"] > 0
-    assert "capture" not in nocb_1k["transfer"]
-    assert nocb_1k["host_store_bytes"] == kvmem_1k["host_store_bytes"]
+    nocb_2k = doc["results"][8]
+    assert kvmem_2k["transfer"]["capture"]["calls"] > 0
+    assert "capture" not in nocb_2k["transfer"]
+    assert nocb_2k["host_store_bytes"] == kvmem_2k["host_store_bytes"]
     # the scoring context reads the query: the callback runs, on the small context only
-    scoring_1k = doc["results"][10]
-    assert scoring_1k["transfer"]["scoring_decode"]["calls"] >= 1
-    assert scoring_1k["transfer"]["capture"]["calls"] > 0
-    assert scoring_1k["host_store_bytes"] == kvmem_1k["host_store_bytes"]
+    scoring_2k = doc["results"][10]
+    assert scoring_2k["transfer"]["scoring_decode"]["calls"] >= 1
+    assert scoring_2k["transfer"]["capture"]["calls"] > 0
+    assert scoring_2k["host_store_bytes"] == kvmem_2k["host_store_bytes"]
     # the query work after the prefill instead of beside it: the same history and query
-    after_1k = doc["results"][12]
+    after_2k = doc["results"][12]
     assert (
-        after_1k["transfer"]["scoring_decode"]["calls"]
-        == scoring_1k["transfer"]["scoring_decode"]["calls"]
+        after_2k["transfer"]["scoring_decode"]["calls"]
+        == scoring_2k["transfer"]["scoring_decode"]["calls"]
     )
-    assert after_1k["host_store_bytes"] == scoring_1k["host_store_bytes"]
+    assert after_2k["host_store_bytes"] == scoring_2k["host_store_bytes"]

@@ -14,6 +14,7 @@ from kvmem.config import KVMemConfig, QuerySource
 from kvmem.engine import Engine
 from kvmem.engine.media import is_standin
 from kvmem.engine.settings import VisionSettings
+from kvmem.memory.spans import PromptSpans, TokenSpan
 
 from .helpers import GREEDY, make_engine
 from .mtmd_reference import MtmdReference
@@ -117,8 +118,6 @@ def _ids(value: str) -> set[int]:
 def test_image_group_is_evicted_and_restored_whole(smollm2_path, tmp_path):
     import io
 
-    from kvmem.memory.spans import PromptSpans, TokenSpan
-
     mm = str(write_mmproj(tmp_path / "big.gguf", BIG))
     trace = io.StringIO()
     kv = KVMemConfig(budget=384, gen_reserve=64, block_tokens=32, trace=True)
@@ -161,21 +160,29 @@ def test_image_group_is_evicted_and_restored_whole(smollm2_path, tmp_path):
 def test_scoring_context_decodes_a_query_with_an_image(engine, smollm2_path, mmproj):
     """With --kvmem-query-source scoring a query span holding image rows is decoded by the
     scoring context through the same projector: for a prompt that is all query the rows
-    equal the main context's."""
+    equal the main context's. The prompt fits the budget, so the scoring source computes
+    no rows for it during the turn (nothing is ranked); they are asked for here."""
     kv = KVMemConfig(budget=4096, gen_reserve=512, query_source=QuerySource.SCORING)
     scoring = _vision_engine(smollm2_path, mmproj, kvmem=kv)
     try:
-        rows = {}
+        prompts = {}
         for name, e in (("main", engine), ("scoring", scoring)):
             e.reset()
-            prompt = (
+            prompts[name] = (
                 e.tokenize("Look:", add_special=True)
                 + _items(e, _image(7))
                 + e.tokenize(" What is it?")
             )
-            list(e.generate(prompt, query=None, sampling=GREEDY, max_tokens=2))
-            assert e.session.last_query.positions.tolist() == list(range(len(prompt)))
-            rows[name] = e.session.last_query.by_layer
+            list(e.generate(prompts[name], query=None, sampling=GREEDY, max_tokens=2))
+        prompt = prompts["scoring"]
+        query = engine.session.last_query
+        assert query.positions.tolist() == list(range(len(prompt)))
+        assert scoring.session.last_query is None
+        span = TokenSpan(0, len(prompt))
+        rows = {
+            "main": query.by_layer,
+            "scoring": scoring.scoring.query_rows(prompt, [span])[span],
+        }
         assert scoring.ctx._callback is None
         assert sorted(rows["scoring"]) == sorted(rows["main"])
         for layer, want in rows["main"].items():

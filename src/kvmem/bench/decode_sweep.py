@@ -109,6 +109,7 @@ class SweepSettings:
     n_threads: int | None
     n_gpu_layers: int
     seed: int = 0
+    block_tokens: int = 128
 
     def describe(self) -> dict[str, object]:
         return {
@@ -125,6 +126,7 @@ class SweepSettings:
             "threads": self.n_threads,
             "gpu_layers": self.n_gpu_layers,
             "seed": self.seed,
+            "block_tokens": self.block_tokens,
         }
 
     def points(self) -> list[SweepPoint]:
@@ -223,6 +225,7 @@ def engine_opener(settings: SweepSettings) -> Callable[[SweepPoint], BenchEngine
             enabled=point.config.is_kvmem,
             budget=settings.budget,
             gen_reserve=settings.gen_reserve,
+            block_tokens=settings.block_tokens,
             method=point.config.method,
             query_source=QuerySource.SCORING if point.config.scoring else QuerySource.MAIN,
             query_ahead=(
@@ -322,6 +325,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--budget", type=strict_int, default=32768, help="KVMem budget (window size)")
     p.add_argument("--gen-reserve", type=strict_int, default=4096)
     p.add_argument("--gen-tokens", type=strict_int, default=128, help="decoded tokens per point")
+    p.add_argument("--block-tokens", type=strict_int, default=128, help="KVMem block size")
     p.add_argument("-t", "--threads", type=strict_int, default=None)
     p.add_argument("-b", "--batch-size", type=strict_int, default=2048)
     p.add_argument("-ub", "--ubatch-size", type=strict_int, default=512)
@@ -352,8 +356,13 @@ def run(ns: argparse.Namespace) -> int:
         n_threads=ns.threads,
         n_gpu_layers=ns.gpu_layers,
         seed=ns.seed,
+        block_tokens=ns.block_tokens,
     )
-    KVMemConfig(budget=settings.budget, gen_reserve=settings.gen_reserve).validate()
+    KVMemConfig(
+        budget=settings.budget,
+        gen_reserve=settings.gen_reserve,
+        block_tokens=settings.block_tokens,
+    ).validate()
     if min(settings.contexts + (settings.budget,)) <= settings.gen_tokens:
         raise ConfigError("--gen-tokens", "every context must be larger than --gen-tokens")
     t0 = time.perf_counter()
