@@ -5,7 +5,8 @@
 #
 #   scripts/gpu/ahead.sh setup            CUDA build (../shared/gpu copied to .gpu/, ~5 min),
 #                                         the 8B-shape model at /tmp/m8b.gguf, /tmp/env.sh
-#   scripts/gpu/ahead.sh STEP [STEP ...]  ds32 | ds256 | tools-on | tools-off, into /tmp/res,
+#   scripts/gpu/ahead.sh STEP [STEP ...]  ds32 | ds256 | ds32-hN | ds256-hN (--harvest-tokens N)
+#                                         | tools-on | tools-off, into /tmp/res,
 #                                         then $OUT/res.tgz and the servers' traces
 #
 # Each call of the device tool lays the tree anew: carry .gpu (and the wheels in .whl:
@@ -38,17 +39,23 @@ mkdir -p /tmp/res
 for step in "$@"; do
   t0=$(date +%s)
   case $step in
-    ds32 | ds256)
-      ctx=$([ "$step" = ds32 ] && echo 32768 || echo 262144)
-      configs=$([ "$step" = ds32 ] && echo stock, || echo)kvmem-scoring,kvmem-scoring-after
-      $KB decode-sweep "${M[@]}" --contexts "$ctx" --configs "$configs" --out "/tmp/res/$step" \
-        > "/tmp/res/$step.txt" 2>&1
+    ds32 | ds256 | ds32-h* | ds256-h*)  # -hN: --harvest-tokens N, the scoring source alone
+      ctx=$([ "${step%%-*}" = ds32 ] && echo 32768 || echo 262144)
+      harvest=0 configs=kvmem-scoring
+      case $step in
+        *-h*) harvest=${step#*-h} ;;
+        ds32) configs=stock,kvmem-scoring,kvmem-scoring-after ;;
+        *) configs=kvmem-scoring,kvmem-scoring-after ;;
+      esac
+      $KB decode-sweep "${M[@]}" --contexts "$ctx" --configs "$configs" \
+        --harvest-tokens "$harvest" --out "/tmp/res/$step" > "/tmp/res/$step.txt" 2>&1
       tail -25 "/tmp/res/$step.txt" ;;
     tools-on | tools-off)
       ahead=${step#tools-}
       python3 -m kvmem.server.main -m /tmp/m8b.gguf -c 262144 --kv-dtype q8_0 -fa on \
         --metrics --port 8080 --kvmem-budget 32768 --kvmem-gen-reserve 4096 \
         --kvmem-query-source scoring --kvmem-query-ahead "$ahead" --kvmem-trace \
+        --kvmem-harvest-tokens "${HARVEST:-0}" \
         > "/tmp/res/server-$ahead.log" 2>&1 &
       pid=$!
       $KB tools --url http://127.0.0.1:8080 --wait 120 --ignore-eos \

@@ -98,6 +98,7 @@ class KVMemConfig:
     trajectory_tokens: int = -1  # bound of the trajectory tier; -1: budget / 4
     stream_tokens: int = -1  # newest tokens a prefill chunk sees; -1: budget / 2
     stream_cap: int = 0  # diagnostic cap on the KV tokens a prefill chunk sees; 0: none
+    harvest_tokens: int = 0  # complete blocks harvested together once this many wait; 0: each
     rank: RankMode = RankMode.SUMMARY  # what ranks the retrieval candidates
     score_layers: tuple[int, ...] = ()  # empty: 8 layers spread over the depth
     score_mode: ScoreMode = ScoreMode.KEY_BOUND
@@ -146,6 +147,8 @@ class KVMemConfig:
         ):
             if value < -1:
                 raise ConfigError(flag, f"must be >= 0 (or -1 for the default), got {value}")
+        if self.harvest_tokens < 0:
+            raise ConfigError("--kvmem-harvest-tokens", f"must be >= 0, got {self.harvest_tokens}")
         if self.score_mlogits < 0:
             raise ConfigError("--kvmem-score-mlogits", f"must be >= 0, got {self.score_mlogits}")
         if self.score_threads < 0:

@@ -143,6 +143,8 @@ def test_command_on_a_tiny_synthetic_model(
             "128",
             "--block-tokens",
             "64",  # 13 window slots: sink 1, recent 2, the query 8, and 2 for the ranked blocks
+            "--harvest-tokens",
+            "256",  # two blocks wait, then go together
             "--gen-tokens",
             "16",
             "--configs",
@@ -157,7 +159,7 @@ def test_command_on_a_tiny_synthetic_model(
     assert "stock@window" in capsys.readouterr().out
     doc = json.loads((tmp_path / "decode_sweep.json").read_text())
     assert doc["settings"]["cache_type_k"] == "f16" and doc["settings"]["budget"] == 1024
-    assert doc["settings"]["block_tokens"] == 64
+    assert doc["settings"]["block_tokens"] == 64 and doc["settings"]["harvest_tokens"] == 256
     rows = [(r["config"], r["context"], r["window"]) for r in doc["results"]]
     assert rows == [
         ("stock", 1024, True),
@@ -179,6 +181,7 @@ def test_command_on_a_tiny_synthetic_model(
     for r in doc["results"]:
         assert r["generated_tokens"] == 16 and r["prompt_tokens"] == r["context"] - 16
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["decode_ratio_vs_window"] > 0
+        assert r["turn_s"] > 0
     kvmem_2k, numpy_2k = doc["results"][4], doc["results"][6]
     assert kvmem_2k["host_store_bytes"] > 0  # the history beyond the budget went to the host
     # the native and the numpy copy path store the same history; the prefill loop is timed

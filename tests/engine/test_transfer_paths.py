@@ -189,3 +189,31 @@ def test_native_and_numpy_copies_are_bit_identical(smollm2_path, cache, flash_at
         assert got["native"][1] == got["numpy"][1]
     finally:
         engine.close()
+
+
+def test_a_harvest_past_the_staging_buffer_goes_in_pieces(smollm2_path):
+    """Blocks whose blob would outgrow the staging buffer are read in pieces that fit it;
+    a block larger than the buffer alone is read into fresh memory, which stays alive
+    until its copy-out on a copy thread ran. The stored bytes are those of one read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = make_engine(smollm2_path, kvmem=KVMemConfig(budget=2048, gen_reserve=256))
+    transfer = engine.session.transfer
+    try:
+        tokens = filler_tokens(engine, 4 * 128 + 10, seed=16)
+        engine.reset()
+        engine.teacher_force(tokens[:-1], [tokens[-1]])
+        want = _stored(engine)
+        one_block = 8 + kv_part_nbytes(transfer.layout, 128)
+        transfer.copier = ThreadPoolExecutor(2)
+        for limit, reads in ((2 * one_block, 2), (one_block // 2, 3)):
+            transfer.staging = StagingBuffer(host_buffer_allocator(), limit)
+            transfer.profile.clear()
+            result = transfer.harvest([1, 2, 3])
+            transfer.flush()
+            assert result.block_ids == (1, 2, 3) and result.blocks == 3
+            assert transfer.profile.paths[TransferPath.STATE_GET].calls == reads
+            assert _stored(engine) == want
+            transfer.staging.close()
+    finally:
+        engine.close()

@@ -86,6 +86,7 @@ class SweepResult:
     prefill_tok_s: float
     generated_tokens: int
     decode_tok_s: float
+    turn_s: float = 0.0  # the generate call's wall time (its end harvests what still waits)
     decode_ratio_vs_window: float | None = None
     prefill_ratio_vs_window: float | None = None
     stage_in_blocks: int = 0
@@ -110,6 +111,7 @@ class SweepSettings:
     n_gpu_layers: int
     seed: int = 0
     block_tokens: int = 128
+    harvest_tokens: int = 0
 
     def describe(self) -> dict[str, object]:
         return {
@@ -127,6 +129,7 @@ class SweepSettings:
             "gpu_layers": self.n_gpu_layers,
             "seed": self.seed,
             "block_tokens": self.block_tokens,
+            "harvest_tokens": self.harvest_tokens,
         }
 
     def points(self) -> list[SweepPoint]:
@@ -140,21 +143,31 @@ def random_prompt(n_tokens: int, n_vocab: int, seed: int) -> list[int]:
     return rng.integers(_FIRST_TOKEN, n_vocab, size=n_tokens, dtype=np.int64).tolist()
 
 
-def measure(
-    engine: BenchEngine, prompt: Sequence[int], gen_tokens: int
-) -> tuple[float, int, float]:
-    """(prefill tok/s, generated tokens, decode tok/s) of one generate call, after a short
-    warm-up generation (then forgotten with a reset)."""
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """One generate call's speeds."""
+
+    prefill_tok_s: float
+    generated: int
+    decode_tok_s: float
+    turn_s: float  # the whole call: prefill, generation and the turn's end (its harvests)
+
+
+def measure(engine: BenchEngine, prompt: Sequence[int], gen_tokens: int) -> Measured:
+    """The speeds of one generate call, after a short warm-up generation (then forgotten
+    with a reset)."""
     for _ in engine.generate(prompt[:16], sampling=GREEDY, max_tokens=4):
         pass
     engine.reset()
     generated = 0
+    t0 = time.perf_counter()
     for _ in engine.generate(prompt, sampling=GREEDY, max_tokens=gen_tokens):
         generated += 1
+    turn_s = time.perf_counter() - t0
     turn = engine.last_turn
     prefill = turn.prefill_tokens / (turn.prefill_ms / 1e3) if turn.prefill_ms > 0 else 0.0
     decode = turn.generated_tokens / (turn.decode_ms / 1e3) if turn.decode_ms > 0 else 0.0
-    return prefill, generated, decode
+    return Measured(prefill, generated, decode, turn_s)
 
 
 def run_sweep(
@@ -168,28 +181,29 @@ def run_sweep(
         try:
             n_prompt = point.context - settings.gen_tokens
             prompt = random_prompt(n_prompt, engine.info.n_vocab, settings.seed)
-            prefill, generated, decode = measure(engine, prompt, settings.gen_tokens)
+            got = measure(engine, prompt, settings.gen_tokens)
             stats = getattr(engine, "stats", None)
             result = SweepResult(
                 config=point.config,
                 context=point.context,
                 window=point.window,
                 prompt_tokens=n_prompt,
-                prefill_tok_s=prefill,
-                generated_tokens=generated,
-                decode_tok_s=decode,
+                prefill_tok_s=got.prefill_tok_s,
+                generated_tokens=got.generated,
+                decode_tok_s=got.decode_tok_s,
+                turn_s=got.turn_s,
                 stage_in_blocks=engine.last_turn.stage_in_blocks,
                 host_store_bytes=getattr(stats, "host_store_bytes", 0),
                 gpu_cells_peak=getattr(stats, "gpu_cells_peak", 0),
                 profile=turn_profile(engine.last_turn),
                 transfer=_transfer_profile(engine),
             )
-            if generated < settings.gen_tokens:
+            if got.generated < settings.gen_tokens:
                 logger.warning(
                     "%s at %d: generation stopped after %d tokens",
                     point.config.value,
                     point.context,
-                    generated,
+                    got.generated,
                 )
         finally:
             engine.close()
@@ -226,6 +240,7 @@ def engine_opener(settings: SweepSettings) -> Callable[[SweepPoint], BenchEngine
             budget=settings.budget,
             gen_reserve=settings.gen_reserve,
             block_tokens=settings.block_tokens,
+            harvest_tokens=settings.harvest_tokens,
             method=point.config.method,
             query_source=QuerySource.SCORING if point.config.scoring else QuerySource.MAIN,
             query_ahead=(
@@ -273,6 +288,7 @@ def table(results: Sequence[SweepResult]) -> str:
             r.decode_ratio_vs_window,
             r.prefill_ratio_vs_window,
             r.stage_in_blocks,
+            r.turn_s,
         ]
         for r in results
     ]
@@ -287,6 +303,7 @@ def table(results: Sequence[SweepResult]) -> str:
             "decode / stock@window",
             "prefill / stock@window",
             "stage-in",
+            "turn s",
         ],
         rows,
         "decode sweep",
@@ -326,6 +343,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gen-reserve", type=strict_int, default=4096)
     p.add_argument("--gen-tokens", type=strict_int, default=128, help="decoded tokens per point")
     p.add_argument("--block-tokens", type=strict_int, default=128, help="KVMem block size")
+    p.add_argument(
+        "--harvest-tokens",
+        type=strict_int,
+        default=0,
+        help="as --kvmem-harvest-tokens: harvest complete blocks once this many tokens wait",
+    )
     p.add_argument("-t", "--threads", type=strict_int, default=None)
     p.add_argument("-b", "--batch-size", type=strict_int, default=2048)
     p.add_argument("-ub", "--ubatch-size", type=strict_int, default=512)
@@ -357,11 +380,13 @@ def run(ns: argparse.Namespace) -> int:
         n_gpu_layers=ns.gpu_layers,
         seed=ns.seed,
         block_tokens=ns.block_tokens,
+        harvest_tokens=ns.harvest_tokens,
     )
     KVMemConfig(
         budget=settings.budget,
         gen_reserve=settings.gen_reserve,
         block_tokens=settings.block_tokens,
+        harvest_tokens=settings.harvest_tokens,
     ).validate()
     if min(settings.contexts + (settings.budget,)) <= settings.gen_tokens:
         raise ConfigError("--gen-tokens", "every context must be larger than --gen-tokens")

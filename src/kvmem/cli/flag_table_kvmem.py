@@ -120,6 +120,11 @@ KVMEM_TABLE: tuple[Flag, ...] = (
     _int("stream-tokens",
          "bound of the newest tokens a prefill chunk sees besides sink and control",
          -1, "-1 = budget/2"),
+    _int("harvest-tokens",
+         "complete blocks wait on the GPU until this many tokens of them do, then go to the "
+         "host in one state read (fewer GPU synchronisations in a prefill); always before an "
+         "eviction, a reselection and the end of a turn", _D.harvest_tokens,
+         "0 = each decode's blocks at once"),
     _int("stream-cap",
          "diagnostic: cap on the KV tokens a prefill chunk sees, whatever the capacity "
          "(the fidelity decomposition)", _D.stream_cap, "0 = no cap"),

@@ -78,6 +78,7 @@ def kvmem_config_from_args(ns: argparse.Namespace, trace_env: bool = False) -> K
         trajectory_tokens=ns.kvmem_trajectory_tokens,
         stream_tokens=ns.kvmem_stream_tokens,
         stream_cap=ns.kvmem_stream_cap,
+        harvest_tokens=ns.kvmem_harvest_tokens,
         rank=RankMode(ns.kvmem_rank),
         score_layers=ns.kvmem_score_layers,
         score_mode=ScoreMode(ns.kvmem_score_mode),

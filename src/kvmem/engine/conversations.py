@@ -231,6 +231,7 @@ class ConversationPool:
     def _deactivate(self, conv: Conversation) -> int:
         """Take `conv` off the GPU; returns the open-block tokens dropped from its history."""
         s = conv.session
+        s.window.flush()  # its complete blocks in the host store before the cells go
         conv.history = s.table.token_array().copy()
         keep = s.table.n_complete_blocks * s.table.block_tokens
         dropped = s.table.n_tokens - keep

@@ -2,7 +2,8 @@
 
 Policy (which blocks move) lives in kvmem.memory.planner and the window; this module
 only performs the moves, batching every call: one state read for all the blocks
-harvested together, one state write for all the blocks restored together. It never
+harvested together, one state write for all the blocks restored together (in pieces
+whose blob fits the staging buffer). It never
 writes residency: the window (the one owner of where blocks are) records what it did.
 """
 
@@ -90,6 +91,22 @@ class KVTransfer:
         """
         if not block_ids:
             return TransferResult(0, 0, 0.0)
+        bt = self.table.block_tokens
+        ids = list(block_ids)
+        got: list[TransferResult] = []
+        if self.layout is None and self.staging is not None and self.hybrid is None:
+            got.append(self._harvest_piece(ids[:1]))  # its blob's layout sizes the pieces
+            ids = ids[1:]
+        got += [self._harvest_piece(ids[r.start : r.stop]) for r in self._fitting([bt] * len(ids))]
+        return TransferResult(
+            sum(g.blocks for g in got),
+            sum(g.bytes for g in got),
+            sum(g.ms for g in got),
+            tuple(b for g in got for b in g.block_ids),
+        )
+
+    def _harvest_piece(self, block_ids: Sequence[int]) -> TransferResult:
+        """One state read of `block_ids` (a blob that fits the staging buffer)."""
         self.flush()  # the staging buffer is about to be reused
         t0 = time.perf_counter()
         bt = self.table.block_tokens
@@ -129,7 +146,9 @@ class KVTransfer:
             prof.add(TransferPath.COPY_WAIT, copy_ms)
             self._put(views, copy_ms)
         elif plan is not None:  # one native call on a copy thread (it releases the GIL)
-            self._pending = [self.copier.submit(self._ran, plan, views)]
+            # the blob stays referenced until the copy ran (it is fresh memory, not the
+            # staging buffer's, when it did not fit)
+            self._pending = [self.copier.submit(self._ran, plan, views, blob)]
             self._pending_ids = {b.block_id for b in views}
         elif self.copier is None:
             owned, copy_ms = self._copied(views)
@@ -163,9 +182,13 @@ class KVTransfer:
         return take_buffer(self.buffers, n_bytes)
 
     @staticmethod
-    def _ran(plan: CopyPlan, blocks: list[BlockKV]) -> tuple[list[BlockKV], float]:
-        """`blocks` once `plan` (their copy-out) has run, and the ms it took."""
-        return blocks, plan.run()
+    def _ran(
+        plan: CopyPlan, blocks: list[BlockKV], source: memoryview
+    ) -> tuple[list[BlockKV], float]:
+        """`blocks` once `plan` (their copy-out from `source`) has run, and the ms it took."""
+        ms = plan.run()
+        del source
+        return blocks, ms
 
     def flush(self) -> None:
         """Put the blocks of copy-outs still running into the store (waiting for them)."""
@@ -199,8 +222,8 @@ class KVTransfer:
         self.flush()
         t0 = time.perf_counter()
         blocks: list[BlockKV] = [self.store.get(b) for b in sorted(block_ids)]
-        for piece in self._pieces(blocks):
-            self._restore_piece(piece, starts or {})
+        for r in self._fitting([b.n_tokens for b in blocks]):
+            self._restore_piece(blocks[r.start : r.stop], starts or {})
         bt = self.table.block_tokens
         self.ctx.blocks_restored(
             {b.block_id: (starts or {}).get(b.block_id, b.block_id * bt) for b in blocks}, bt
@@ -210,21 +233,24 @@ class KVTransfer:
         ids = tuple(b.block_id for b in blocks)
         return TransferResult(len(blocks), n_bytes, (time.perf_counter() - t0) * 1e3, ids)
 
-    def _pieces(self, blocks: list[BlockKV]) -> list[list[BlockKV]]:
-        """Consecutive groups of blocks whose blob fits the staging buffer."""
-        assert self.layout is not None
-        if self.staging is None or self.hybrid is not None:
-            return [blocks]
-        limit = self.staging.limit_bytes
-        pieces: list[list[BlockKV]] = [[]]
-        cells = 0
-        for block in blocks:
-            if pieces[-1] and 8 + kv_part_nbytes(self.layout, cells + block.n_tokens) > limit:
-                pieces.append([])
-                cells = 0
-            pieces[-1].append(block)
-            cells += block.n_tokens
-        return pieces
+    def _fitting(self, cells: Sequence[int]) -> list[range]:
+        """Consecutive index ranges of blocks (of `cells` cells each) whose blob fits the
+        staging buffer: one range without a staging buffer, for a hybrid, and before the
+        first harvest (the layout is not known)."""
+        if not cells:
+            return []
+        if self.staging is None or self.hybrid is not None or self.layout is None:
+            return [range(len(cells))]
+        limit, layout = self.staging.limit_bytes, self.layout
+        out: list[range] = []
+        start, n = 0, 0
+        for i, c in enumerate(cells):
+            if i > start and 8 + kv_part_nbytes(layout, n + c) > limit:
+                out.append(range(start, i))
+                start, n = i, 0
+            n += c
+        out.append(range(start, len(cells)))
+        return out
 
     def _restore_piece(self, blocks: list[BlockKV], starts: Mapping[int, int]) -> None:
         assert self.layout is not None

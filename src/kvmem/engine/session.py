@@ -229,7 +229,7 @@ class KVMemSession:
         return self.live_turn
 
     def _end_turn(self, stats: TurnStats, finish: FinishReason) -> None:
-        self.transfer.flush()  # the turn's harvests are in the store when it ends
+        self.window.flush(stats)  # the turn's blocks are in the store when it ends
         stats.finish_reason = finish.value
         self.last_turn = stats
         self.tracer.emit(
@@ -272,7 +272,7 @@ class KVMemSession:
         suffix = list(prompt[reused:] if tail is None else prompt[reused:tail])
         stats.prefill_tokens = n - reused
         on_main = wanted if self.scoring is None else ()
-        ahead = self._begin_ahead(prompt, spans, wanted, end)
+        ahead = self._begin_ahead(prompt, spans, wanted, end, stats)
         try:
             on_chunk = ahead.poll if ahead is not None else None
             captured = self._decode(suffix, stats, capture=on_main, spans=spans, on_chunk=on_chunk)
@@ -321,7 +321,7 @@ class KVMemSession:
         stats: TurnStats,
         scored: BlockScores | None = None,
     ) -> None:
-        self.transfer.flush()  # the plan reads the index: every harvested block in it
+        self.window.flush(stats)  # the plan reads the index: every complete block in it
         pending = n - self.table.n_tokens  # the deferred tail
         res = self.window.plan(spans, qvec, n, self._forced(), pending, scored)
         self.window.apply(res, stats)
@@ -336,7 +336,12 @@ class KVMemSession:
         return sorted({b for s in self.force_spans for b in s.blocks(bt)})
 
     def _begin_ahead(
-        self, prompt: Sequence[int], spans: PromptSpans, wanted: tuple[TokenSpan, ...], end: int
+        self,
+        prompt: Sequence[int],
+        spans: PromptSpans,
+        wanted: tuple[TokenSpan, ...],
+        end: int,
+        stats: TurnStats,
     ) -> QueryAhead | None:
         """Start the scoring source's query work beside the prefill up to `end`
         (`query_ahead.py`), or None: another source, `--kvmem-query-ahead off`, a hybrid
@@ -365,7 +370,7 @@ class KVMemSession:
             ranked,
             score,
             self.table,
-            self.transfer.flush,
+            lambda: self.window.flush(stats),
         )
 
     def _deferred_start(self, spans: PromptSpans, n: int) -> int | None:

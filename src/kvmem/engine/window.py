@@ -6,9 +6,12 @@ decides the replay) and `apply` (evicts, moves and restores exactly what the pla
 Prefill chunks see `stream_window`, a function of their position alone, so the KV of
 every block depends on the request's tokens only, never on what the server saw before.
 
-Invariant: every complete block is on the GPU or in the host store (blocks are harvested
-as soon as they complete), and the open (partial) tail block is on the GPU. A block is
-moved (shifted away from its own positions) at most once between two restores.
+Invariant: every complete block is on the GPU or in the host store, and the open (partial)
+tail block is on the GPU. Complete blocks wait on the GPU, at their own positions, until
+`--kvmem-harvest-tokens` of them are waiting, then go to the host in one state read; they
+are harvested before any of them is evicted or moved, and at every `flush` (a plan, the
+end of a turn). A block is moved (shifted away from its own positions) at most once
+between two restores.
 """
 
 from __future__ import annotations
@@ -115,6 +118,7 @@ class GpuWindow:
         self.moved: dict[int, int] = {}  # GPU block -> first position, when not its own
         self._seen: dict[int, int] = {}  # complete block -> start, as the last decode saw them
         self._groups: tuple[TokenSpan, ...] = ()  # the prompt's image groups (spans.groups)
+        self.waiting: list[int] = []  # complete GPU blocks not yet harvested, ascending
         self.positions = config.positions
         if self.positions is not PositionMode.ORIGINAL and not ctx.can_shift:
             logger.warning("this model's cache cannot shift positions: blocks stay in place")
@@ -155,22 +159,41 @@ class GpuWindow:
 
     # residency writes ------------------------------------------------------------------
     def append(self, tokens: Sequence[int], stats: TurnStats) -> None:
-        """Tokens were decoded at the end of the history: record them, harvest the blocks
-        they completed."""
+        """Tokens were decoded at the end of the history: record them; harvest the blocks
+        waiting once they reach `--kvmem-harvest-tokens`."""
         done = self.table.append(tokens)
         self.table.mark_on_gpu(done)
         if self.config.enabled and done:
-            res = self.transfer.harvest(done)
-            self.table.mark_in_host(res.block_ids)
+            self.waiting += done
+            if len(self.waiting) * self.table.block_tokens >= self.config.harvest_tokens:
+                self.harvest(stats)
+        self.note_peak()
+
+    def harvest(self, stats: TurnStats | None = None) -> None:
+        """Copy the complete blocks waiting on the GPU to the host store, in one state read
+        (their copy-out may still run: `flush` waits for it); counted in `stats`."""
+        if not self.waiting:
+            return
+        res = self.transfer.harvest(self.waiting)
+        self.waiting = []
+        self.table.mark_in_host(res.block_ids)
+        if stats is not None:
             stats.harvested_blocks += res.blocks
             stats.harvested_bytes += res.bytes
             stats.harvest_ms += res.ms
-        self.note_peak()
 
-    def evict(self, block_ids: Sequence[int]) -> None:
-        """Remove host-backed blocks from the GPU."""
+    def flush(self, stats: TurnStats | None = None) -> None:
+        """Every complete block in the host store and the index: those waiting harvested,
+        the copy-outs landed."""
+        self.harvest(stats)
+        self.transfer.flush()
+
+    def evict(self, block_ids: Sequence[int], stats: TurnStats | None = None) -> None:
+        """Remove blocks from the GPU (harvesting first, when one of them still waits)."""
         if not block_ids:
             return
+        if self.waiting and not set(block_ids).isdisjoint(self.waiting):
+            self.harvest(stats)
         self.transfer.evict({b: self.start(b) for b in block_ids})
         for b in block_ids:
             self.moved.pop(b, None)
@@ -195,6 +218,7 @@ class GpuWindow:
         self.table.mark_off_gpu(self.table.gpu_blocks())
         self.moved.clear()
         self._seen.clear()
+        self.waiting = []  # their cells went with the context
         self.last_plan = None
 
     def adopt(self, tokens: Sequence[int], host_blocks: Sequence[int]) -> None:
@@ -227,7 +251,7 @@ class GpuWindow:
         gpu = set(self.table.gpu_blocks())
         done = self.table.n_complete_blocks
         out = sorted(b for b in gpu if b < done and (b not in keep or b in self.moved))
-        self.evict(out)
+        self.evict(out, stats)
         missing = sorted(b for b in keep if not self.table.is_on_gpu(b))
         if out or missing:
             self.tracer.emit(TraceKind.STREAM, at=position, evict=out, stage_in=missing)
@@ -256,7 +280,7 @@ class GpuWindow:
                 f"cannot free {need} KV cells: the window holds no evictable block "
                 f"(capacity {self.capacity}, used {self.cells_used()})"
             )
-        self.evict(list(room.victims))
+        self.evict(list(room.victims), stats)
         kind = TraceKind.SPILL if gen_start is not None else TraceKind.EVICT
         self.tracer.emit(kind, blocks=sorted(room.victims), cells=self.cells_used())
 
@@ -375,7 +399,8 @@ class GpuWindow:
         plan, starts, bt = res.plan, res.starts, self.table.block_tokens
         # a block already moved is restored afresh rather than shifted a second time
         restage = [b for b in plan.keep if b in self.moved and self.moved[b] != starts[b]]
-        self.evict(list(plan.evict) + restage)
+        self.harvest(stats)  # a move shifts the cells a harvest reads at their own positions
+        self.evict(list(plan.evict) + restage, stats)
         resident = {b: self.start(b) for b in plan.keep if b not in restage}
         t_move = time.perf_counter()
         moved = self.transfer.move(resident, starts)
@@ -437,12 +462,12 @@ class GpuWindow:
         moved blocks leave the GPU first: their cells may sit at or after `n_keep`. A block
         left partial by the cut is on the GPU at its own positions afterwards."""
         bt = self.table.block_tokens
-        self.transfer.flush()  # the cut drops host copies: none may still be on its way
+        self.flush(stats)  # the cut drops host copies: none may still be on its way
         if keep_window:
             if any(p + bt > n_keep or (b + 1) * bt > n_keep for b, p in self.moved.items()):
                 raise KVTransferError(f"a moved block holds cells at or after {n_keep}")
         else:
-            self.evict(sorted(self.moved))
+            self.evict(sorted(self.moved), stats)
         cut = n_keep // bt
         if n_keep % bt and cut < self.table.n_complete_blocks and not self.table.is_on_gpu(cut):
             self.restore({cut: cut * bt}, stats)
