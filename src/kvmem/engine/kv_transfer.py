@@ -3,8 +3,8 @@
 Policy (which blocks move) lives in kvmem.memory.planner and the window; this module
 only performs the moves, batching every call: one state read for all the blocks
 harvested together, one state write for all the blocks restored together (in pieces
-whose blob fits the staging buffer). It never
-writes residency: the window (the one owner of where blocks are) records what it did.
+whose blob fits the staging buffer). It never writes residency: the window (the one
+owner of where blocks are) records what it did.
 """
 
 from __future__ import annotations

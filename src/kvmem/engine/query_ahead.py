@@ -50,7 +50,8 @@ class QueryAhead:
     ) -> None:
         """Decode the rows (`rows`, `n_missing` spans) at once; score `ranked` with `score`
         once `table` holds them all complete, `flush` handing the blocks still waiting for
-        their harvest, and the last copy-out's, to the index first. Polls at once: the candidates may all be harvested already."""
+        their harvest, and the last copy-out's, to the index first. Polls at once: the
+        candidates may all be harvested already."""
         self._worker = worker
         self.n_missing = n_missing  # query spans the scoring context decodes
         self.rows_ms = 0.0  # the scoring context's decode, on the worker
