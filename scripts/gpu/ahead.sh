@@ -6,7 +6,7 @@
 #   scripts/gpu/ahead.sh setup            CUDA build (../shared/gpu copied to .gpu/, ~5 min),
 #                                         the 8B-shape model at /tmp/m8b.gguf, /tmp/env.sh
 #   scripts/gpu/ahead.sh STEP [STEP ...]  ds32 | ds256 | ds32-hN | ds256-hN (--harvest-tokens N)
-#                                         | tools-on | tools-off, into /tmp/res,
+#                                         | tools-on | tools-off | tools-on-hN, into /tmp/res,
 #                                         then $OUT/res.tgz and the servers' traces
 #
 # Each call of the device tool lays the tree anew: carry .gpu (and the wheels in .whl:
@@ -50,22 +50,24 @@ for step in "$@"; do
       $KB decode-sweep "${M[@]}" --contexts "$ctx" --configs "$configs" \
         --harvest-tokens "$harvest" --out "/tmp/res/$step" > "/tmp/res/$step.txt" 2>&1
       tail -25 "/tmp/res/$step.txt" ;;
-    tools-on | tools-off)
-      ahead=${step#tools-}
+    tools-on | tools-off | tools-on-h*)  # -hN: --kvmem-harvest-tokens N (else $HARVEST)
+      name=${step#tools-} harvest=${HARVEST:-0}
+      ahead=${name%%-*}
+      case $step in *-h*) harvest=${step#*-h} ;; esac
       python3 -m kvmem.server.main -m /tmp/m8b.gguf -c 262144 --kv-dtype q8_0 -fa on \
         --metrics --port 8080 --kvmem-budget 32768 --kvmem-gen-reserve 4096 \
         --kvmem-query-source scoring --kvmem-query-ahead "$ahead" --kvmem-trace \
-        --kvmem-harvest-tokens "${HARVEST:-0}" \
-        > "/tmp/res/server-$ahead.log" 2>&1 &
+        --kvmem-harvest-tokens "$harvest" \
+        > "/tmp/res/server-$name.log" 2>&1 &
       pid=$!
       $KB tools --url http://127.0.0.1:8080 --wait 120 --ignore-eos \
-        --label "kvmem-32k-ahead-$ahead" --server-pid $pid --out "/tmp/res/tools-$ahead" \
-        > "/tmp/res/tools-$ahead.txt" 2>&1
+        --label "kvmem-32k-ahead-$name" --server-pid $pid --out "/tmp/res/tools-$name" \
+        > "/tmp/res/tools-$name.txt" 2>&1
       kill $pid
       wait $pid
-      tail -45 "/tmp/res/tools-$ahead.txt" | cut -c1-220
-      grep KVMEM_RESELECT "/tmp/res/server-$ahead.log" | sed 's/ sink=.*//' | tail -6
-      gzip -kf "/tmp/res/server-$ahead.log" ;;
+      tail -45 "/tmp/res/tools-$name.txt" | cut -c1-220
+      grep KVMEM_RESELECT "/tmp/res/server-$name.log" | sed 's/ sink=.*//' | tail -6
+      gzip -kf "/tmp/res/server-$name.log" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
   echo "[$step $(($(date +%s) - t0))s]"

@@ -12,6 +12,7 @@ import pytest
 from kvmem.chat.prompt import build_prompt_tokens
 from kvmem.chat.template import ChatTemplate
 from kvmem.config import KVMemConfig, QueryAheadMode, QuerySource
+from kvmem.engine.query_ahead import QueryAhead
 from kvmem.errors import TurnCancelledError
 from kvmem.memory.planner import RetrievalMethod, Tier
 from kvmem.memory.spans import PromptSpans, TokenSpan
@@ -173,13 +174,32 @@ def _reselect_records(engine) -> list[dict[str, str]]:
     ]
 
 
-def test_scores_computed_ahead_of_the_prefill_give_the_window_computed_after_it(engines):
+def _scores_at_once(monkeypatch) -> None:
+    """Make every poll that starts the scores wait for them, so that the restore blobs
+    are built ahead at the same chunk on every machine."""
+    poll = QueryAhead.poll
+
+    def waiting_poll(self: QueryAhead) -> None:
+        poll(self)
+        if self._scores is not None:
+            self._scores.result()
+            poll(self)
+
+    monkeypatch.setattr(QueryAhead, "poll", waiting_poll)
+
+
+def test_scores_computed_ahead_of_the_prefill_give_the_window_computed_after_it(
+    engines, monkeypatch
+):
     """With the scoring source the query rows and the candidates' scores are computed on
     the scoring context's worker while the main context prefills (`--kvmem-query-ahead`,
     on by default): the first turn starts scoring once its last candidate block is
     harvested; the next turn's candidates are all old, so it scores from the prefill's
-    start. Both turns choose the window and the greedy tokens that scoring after
-    the prefill (`off`) chooses, and the trace says where the scores came from."""
+    start. Once scored, the plan's stage-ins have their restore blob built beside the
+    prefill (`built_ahead`: every one, since the scores here are waited for at once).
+    Both turns choose the window and the greedy tokens that scoring after the prefill
+    (`off`) chooses, and the trace says where the scores came from."""
+    _scores_at_once(monkeypatch)
     out: dict[str, list] = {}
     for name in ("scoring", "scoring-after"):
         engine = engines[name]
@@ -201,10 +221,12 @@ def test_scores_computed_ahead_of_the_prefill_give_the_window_computed_after_it(
         assert len(records) == 2
         if name == "scoring-after":
             assert [r["ahead"] for r in records] == ["-", "-"]
+            assert [r["built_ahead"] for r in records] == ["0", "0"]
         else:  # once the last candidate is complete, then from the reused prefix
             first, second = (int(r["ahead"]) for r in records)
             assert 0 < first < sizes[0][0] and first % 128 == 0
             assert second == sizes[1][1] > 0
+            assert [r["built_ahead"] for r in records] == [r["stage_in"] for r in records]
     assert out["scoring"] == out["scoring-after"]
     assert all(stage_in > 0 for _, _, stage_in in out["scoring"])
 
@@ -275,3 +297,71 @@ def test_scoring_context_reads_the_main_contexts_rows_for_a_prompt_that_is_all_q
     for layer, main_rows in rows["main"].items():
         assert rows["scoring"][layer].shape == main_rows.shape
         np.testing.assert_array_equal(rows["scoring"][layer], main_rows)
+
+
+def _records(engine, kind: str) -> list[dict[str, str]]:
+    lines = engine.tracer.stream.getvalue().splitlines()
+    return [
+        dict(kv.split("=", 1) for kv in ln.split()[1:])
+        for ln in lines
+        if ln.startswith(f"KVMEM_{kind} ")
+    ]
+
+
+def growing_loop(n_requests: int) -> list[list[dict]]:
+    """An agent loop's requests: each appends one tool call and a short tool result
+    (under 200 tokens) to the one before."""
+    messages = agent_messages(3)
+    out = []
+    for i in range(n_requests):
+        messages = [
+            *messages,
+            _call(10 + i, f"src/mod{i}.py"),
+            {"role": "tool", "tool_call_id": f"call_{10 + i}", "content": FILLER * 2},
+        ]
+        out.append(messages)
+    return out
+
+
+@pytest.mark.parametrize("source", ["main", "scoring"])
+def test_a_loop_grown_by_short_tool_results_scores_on_every_request(engines, source):
+    """Each request appends a short tool result to a prefix the session holds: the task
+    and most of the trajectory's tail were decoded in earlier requests. Every request over
+    the budget still scores with the vectors of all its query spans (the QUERY trace lists
+    none missing; the plan ranks and retrieves), and answers as the same request on a
+    fresh session does."""
+    engine = engines[source]
+    engine.reset()
+    template = ChatTemplate.from_engine_info(engine.info, None)
+    prompts = [build_prompt_tokens(engine, template, m, tools=TOOLS) for m in growing_loop(10)]
+    over = [p for p in prompts if len(p.tokens) > 1024]
+    assert len(over) == 8 and len(prompts[0].tokens) < 1024
+    growth = [len(b.tokens) - len(a.tokens) for a, b in zip(prompts, prompts[1:], strict=False)]
+    assert all(0 < g < 200 for g in growth)
+    engine.tracer.stream = io.StringIO()
+    grown = [
+        list(engine.generate(p.tokens, query=p.spans, sampling=GREEDY, max_tokens=4))
+        for p in prompts
+    ]
+    queries = {int(q["at"]): q for q in _records(engine, "QUERY")}
+    reselects = _records(engine, "RESELECT")
+    assert len(reselects) == len(prompts)  # one a turn
+    pairs = zip(over, reselects[-len(over) :], strict=True)
+    ranked = [(p, r) for p, r in pairs if float(r["score_ms"]) > 0]
+    # the scoring source plans at the deferred tail's start, where on some requests the
+    # pinned tiers leave no room to retrieve (nothing ranked, nothing scored)
+    assert len(ranked) == (8 if source == "main" else 4)
+    for p, r in ranked:
+        q = queries[len(p.tokens)]
+        wanted = [p.spans.query.last(512), p.spans.trajectory.last(512)]
+        assert q["spans"] == ",".join(f"{s.start}-{s.end}" for s in wanted)
+        assert q["missing"] == "-"
+        assert int(q["tokens"]) == sum(s.length for s in wanted)
+        assert float(r["score_ms"]) > 0 and r["retrieved"] != "-"
+        pinned = {int(b) for t in ("control", "query") if r[t] != "-" for b in r[t].split(",")}
+        assert set(p.spans.query.blocks(128)) <= pinned  # the task: in block 1, with the tools
+    for p, tokens in zip(prompts, grown, strict=True):
+        if len(p.tokens) > 1024:
+            engine.reset()
+            got = list(engine.generate(p.tokens, query=p.spans, sampling=GREEDY, max_tokens=4))
+            assert got == tokens

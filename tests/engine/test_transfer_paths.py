@@ -18,6 +18,17 @@ from .helpers import filler_tokens, make_engine
 pytestmark = pytest.mark.slow
 
 
+def _never_evicted(engine, seed: int) -> tuple[list[int], int, np.ndarray]:
+    """A five-block prompt, its next token, and the logits after it in a context that
+    evicted nothing: (prompt, token, logits)."""
+    tokens = filler_tokens(engine, 5 * 128 + 10, seed=seed)
+    prompt, token = tokens[:-1], tokens[-1]
+    engine.reset()
+    engine.teacher_force(prompt, [token])
+    engine.session.ctx.decode([token], len(prompt), [True])
+    return prompt, token, engine.session.ctx.logits(-1)
+
+
 def _logits_after(engine, prompt, token, staging) -> tuple[np.ndarray, int]:
     """Prefill, evict blocks 1-3, restore them through `staging`, decode `token`; returns
     the logits and the number of state writes the restore took."""
@@ -38,12 +49,7 @@ def _logits_after(engine, prompt, token, staging) -> tuple[np.ndarray, int]:
 def test_staged_and_plain_paths_are_bit_identical(smollm2_path, cache):
     engine = make_engine(smollm2_path, cache=cache, kvmem=KVMemConfig(budget=2048, gen_reserve=256))
     try:
-        tokens = filler_tokens(engine, 5 * 128 + 10, seed=11)
-        prompt, token = tokens[:-1], tokens[-1]
-        engine.reset()
-        engine.teacher_force(prompt, [token])
-        engine.session.ctx.decode([token], len(prompt), [True])
-        reference = engine.session.ctx.logits(-1)  # never evicted
+        prompt, token, reference = _never_evicted(engine, seed=11)
 
         plain, plain_writes = _logits_after(engine, prompt, token, None)
         layout = engine.session.transfer.layout
@@ -55,6 +61,40 @@ def test_staged_and_plain_paths_are_bit_identical(smollm2_path, cache):
         assert (plain_writes, staged_writes) == (1, 3)
         assert np.array_equal(plain, reference)
         assert np.array_equal(staged, reference)
+    finally:
+        engine.close()
+
+
+def test_a_restore_uses_the_blobs_built_ahead_only_for_exactly_its_blocks(smollm2_path):
+    """`prepare` builds a coming restore's blobs on another thread, piece by piece as the
+    restore would (here a buffer of one block: three pieces). A restore of exactly those
+    blocks sends them (no build on its own path); any other restore builds its own and
+    leaves them. Both give the logits of a never-evicted context."""
+    engine = make_engine(smollm2_path, kvmem=KVMemConfig(budget=2048, gen_reserve=256))
+    session, transfer = engine.session, engine.session.transfer
+    try:
+        prompt, token, reference = _never_evicted(engine, seed=15)
+        small = StagingBuffer(host_buffer_allocator(), 8 + kv_part_nbytes(transfer.layout, 128))
+        transfer.staging = small
+        paths = transfer.profile.paths
+        for prepared, built_ahead, builds in (([1, 2, 3], 3, 0), ([1, 2], 0, 3)):
+            session.ctx.seq_rm(0, len(prompt), -1)
+            session.window.evict([1, 2, 3])
+            assert transfer.prepare(prepared)
+            transfer.profile.clear()
+            stats = TurnStats()
+            session.window.restore({1: 128, 2: 256, 3: 384}, stats)
+            assert (stats.stage_in_blocks, stats.built_ahead_blocks) == (3, built_ahead)
+            assert paths[TransferPath.STATE_BUILD].calls == builds
+            assert paths[TransferPath.STATE_BUILD_AHEAD].calls == built_ahead
+            assert paths[TransferPath.STATE_SET].calls == 3  # a write per piece either way
+            assert transfer.ahead.take([1, 2, 3]) is None  # used up, or not these
+            assert (transfer.ahead.take(prepared) is None) == (built_ahead > 0)
+            transfer.drop_ahead()
+            session.ctx.decode([token], len(prompt), [True])
+            assert np.array_equal(session.ctx.logits(-1), reference)
+        assert not transfer.prepare([1, 99])  # block 99 is not in the store: nothing built
+        small.close()
     finally:
         engine.close()
 
@@ -93,12 +133,7 @@ def test_threaded_copies_are_bit_identical(smollm2_path):
         )
         transfer = engine.session.transfer
         try:
-            tokens = filler_tokens(engine, 5 * 128 + 10, seed=13)
-            prompt, token = tokens[:-1], tokens[-1]
-            engine.reset()
-            engine.teacher_force(prompt, [token])
-            engine.session.ctx.decode([token], len(prompt), [True])
-            reference = engine.session.ctx.logits(-1)
+            prompt, token, reference = _never_evicted(engine, seed=13)
             transfer.copier = ThreadPoolExecutor(3)
             transfer.buffers = BlockBuffers(ahead_bytes=64 << 20)
             staging = transfer.staging
@@ -120,13 +155,8 @@ def test_blocks_whose_copy_out_is_pending_can_be_evicted_and_restored(smollm2_pa
     engine = make_engine(smollm2_path, kvmem=KVMemConfig(budget=2048, gen_reserve=256))
     session, transfer = engine.session, engine.session.transfer
     try:
-        tokens = filler_tokens(engine, 5 * 128 + 10, seed=14)
-        prompt, token = tokens[:-1], tokens[-1]
-        engine.reset()
         transfer.copier = ThreadPoolExecutor(3)
-        engine.teacher_force(prompt, [token])
-        session.ctx.decode([token], len(prompt), [True])
-        reference = session.ctx.logits(-1)
+        prompt, token, reference = _never_evicted(engine, seed=14)
         session.ctx.seq_rm(0, len(prompt), -1)
         result = transfer.harvest([1, 2, 3])  # fresh copies, replacing the stored ones
         assert result.block_ids == (1, 2, 3) and transfer._pending_ids == {1, 2, 3}

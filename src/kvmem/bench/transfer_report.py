@@ -18,6 +18,8 @@ PATHS = (
     "store_put",
     "state_build",
     "staging_grow",  # part of state_get / state_build: (re)allocating the pinned buffer
+    "state_build_ahead",  # restore blobs built beside the prefill (not waited for)
+    "ahead_wait",  # what a restore still waited for such a build
     "state_set",
     "prefill_decode",  # llama_decode of the prefill chunks
     "prefill_gap",  # the caller between those decodes (includes harvest and eviction)
@@ -26,7 +28,8 @@ PATHS = (
 # the time harvest holds the caller: copy_out runs on the copy threads, copy_wait is the
 # part of it the caller waited for (all of it without copy threads)
 HARVEST = ("state_get", "state_split", "copy_wait", "store_put")
-RESTORE = ("state_build", "state_set")
+# the time restore holds the caller (a blob built ahead counts only for its wait)
+RESTORE = ("state_build", "ahead_wait", "state_set")
 
 
 def path_gb_s(profile: Profile, names: Sequence[str], bytes_from: str) -> float | None:

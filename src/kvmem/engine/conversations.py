@@ -170,6 +170,7 @@ class ConversationPool:
         if s.index is not None:
             s.index.remove(s.index.block_ids())
         s.last_query, s.frontier = None, None
+        s.rows.clear()
         self._note_evicted(conv, why)
 
     def _new_conversation(self) -> Conversation:
@@ -236,6 +237,7 @@ class ConversationPool:
         keep = s.table.n_complete_blocks * s.table.block_tokens
         dropped = s.table.n_tokens - keep
         s.table.truncate(keep)
+        s.rows.truncate(keep)
         s.ctx.clear()
         s.window.reset()
         return dropped

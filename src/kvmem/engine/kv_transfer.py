@@ -31,6 +31,7 @@ from .host_staging import STAGING_BYTES, StagingBuffer
 from .hybrid_transfer import hybrid_blobs
 from .kv_copy import CopyPlan, NativeCopy, copy_threads, native_copy
 from .llama_lib import host_buffer_allocator
+from .restore_ahead import ReadyBlob, RestoreAhead
 from .state_codec import StateLayout, build_state, kv_part_nbytes, parse_state, split_blocks
 from .transfer_profile import TransferPath, TransferProfile
 
@@ -43,6 +44,7 @@ class TransferResult:
     bytes: int
     ms: float
     block_ids: tuple[int, ...] = ()
+    built_ahead: int = 0  # restored blocks whose blob was built beside the prefill
 
 
 class KVTransfer:
@@ -81,6 +83,12 @@ class KVTransfer:
         self.native: NativeCopy | None = native_copy(threads)
         self._pending: list[Future[tuple[list[BlockKV], float]]] = []  # copy-outs running
         self._pending_ids: set[int] = set()
+        # the next restore's blobs, built beside the prefill (`prepare`)
+        self.ahead: RestoreAhead | None = (
+            RestoreAhead(host_buffer_allocator(), self.native)
+            if self.staging is not None and self.hybrid is None
+            else None
+        )
 
     def harvest(self, block_ids: Sequence[int]) -> TransferResult:
         """Copy complete, GPU-resident blocks to the host store (replacing older copies).
@@ -214,24 +222,64 @@ class KVTransfer:
     def restore(
         self, block_ids: Sequence[int], starts: Mapping[int, int] | None = None
     ) -> TransferResult:
-        """Copy host blocks into the context, at `starts[b]` or else their own positions."""
+        """Copy host blocks into the context, at `starts[b]` or else their own positions
+        (with the blobs `prepare` built, when it built exactly these blocks')."""
         if not block_ids:
             return TransferResult(0, 0, 0.0)
         if self.layout is None:
             raise KVTransferError("restore before any harvest")
         self.flush()
         t0 = time.perf_counter()
-        blocks: list[BlockKV] = [self.store.get(b) for b in sorted(block_ids)]
-        for r in self._fitting([b.n_tokens for b in blocks]):
-            self._restore_piece(blocks[r.start : r.stop], starts or {})
+        ids, starts = sorted(block_ids), starts or {}
+        ready = self.ahead.take(ids) if self.ahead is not None else None
+        if ready is not None:
+            blocks = self._restore_ready(ready, starts)
+        else:
+            blocks = [self.store.get(b) for b in ids]
+            for r in self._fitting([b.n_tokens for b in blocks]):
+                self._restore_piece(blocks[r.start : r.stop], starts)
         bt = self.table.block_tokens
         self.ctx.blocks_restored(
-            {b.block_id: (starts or {}).get(b.block_id, b.block_id * bt) for b in blocks}, bt
+            {b.block_id: starts.get(b.block_id, b.block_id * bt) for b in blocks}, bt
         )
         n_bytes = sum(b.nbytes for b in blocks)
         self.store.stats.bytes_out += n_bytes
-        ids = tuple(b.block_id for b in blocks)
-        return TransferResult(len(blocks), n_bytes, (time.perf_counter() - t0) * 1e3, ids)
+        return TransferResult(
+            len(blocks),
+            n_bytes,
+            (time.perf_counter() - t0) * 1e3,
+            tuple(b.block_id for b in blocks),
+            built_ahead=len(blocks) if ready is not None else 0,
+        )
+
+    def prepare(self, block_ids: Sequence[int]) -> bool:
+        """Build the blobs of a coming restore of exactly `block_ids` (host blocks) on the
+        builder's thread, beside the prefill; False when none is built (no staging buffer,
+        nothing harvested yet, a block not in the store, or too large)."""
+        if self.ahead is None or self.layout is None or not block_ids:
+            return False
+        self.flush()
+        ids = sorted(block_ids)
+        if any(b not in self.store for b in ids):
+            return False
+        blocks = [self.store.get(b) for b in ids]
+        pieces = [blocks[r.start : r.stop] for r in self._fitting([b.n_tokens for b in blocks])]
+        return self.ahead.start(self.layout, pieces)
+
+    def drop_ahead(self) -> None:
+        """Forget the blobs `prepare` built (a turn's plan is made: they served it or not)."""
+        if self.ahead is not None:
+            self.ahead.drop()
+
+    def _restore_ready(self, ready: ReadyBlob, starts: Mapping[int, int]) -> list[BlockKV]:
+        """Restore the blobs built ahead; returns their blocks."""
+        prof = self.profile
+        blocks = [b for piece in ready.pieces for b in piece]
+        prof.add(TransferPath.STATE_BUILD_AHEAD, ready.build_ms, ready.nbytes, len(blocks))
+        prof.add(TransferPath.AHEAD_WAIT, ready.wait_ms)
+        for piece, blob in zip(ready.pieces, ready.blobs, strict=True):
+            self._set_blob(blob, piece, starts)
+        return blocks
 
     def _fitting(self, cells: Sequence[int]) -> list[range]:
         """Consecutive index ranges of blocks (of `cells` cells each) whose blob fits the
@@ -267,6 +315,12 @@ class KVTransfer:
                     self.layout, blocks, RESTORE_SEQ, out, copier=self.copier, native=self.native
                 )
         self._note_grow(grow)
+        self._set_blob(blob, blocks, starts)
+
+    def _set_blob(self, blob: np.ndarray, blocks: list[BlockKV], starts: Mapping[int, int]) -> None:
+        """State-write `blob` (the cells of `blocks`) and put them at `starts` in the main
+        sequence."""
+        prof = self.profile
         with prof.timed(TransferPath.STATE_SET, len(blob)):
             self.ctx.set_state(blob, RESTORE_SEQ)
         bt = self.table.block_tokens
@@ -280,6 +334,8 @@ class KVTransfer:
 
     def close(self) -> None:
         self.flush()
+        if self.ahead is not None:
+            self.ahead.close()
         if self.staging is not None:
             self.staging.close()
         if self.copier is not None:

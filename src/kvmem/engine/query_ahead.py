@@ -47,11 +47,13 @@ class QueryAhead:
         score: Callable[[Rows], BlockScores | None],
         table: BlockTable,
         flush: Callable[[], None],
+        prepare: Callable[[BlockScores], object] | None = None,
     ) -> None:
         """Decode the rows (`rows`, `n_missing` spans) at once; score `ranked` with `score`
         once `table` holds them all complete, `flush` handing the blocks still waiting for
-        their harvest, and the last copy-out's, to the index first. Polls at once: the
-        candidates may all be harvested already."""
+        their harvest, and the last copy-out's, to the index first; hand the scores, once
+        computed, to `prepare` (on the polling thread). Polls at once: the candidates may
+        all be harvested already."""
         self._worker = worker
         self.n_missing = n_missing  # query spans the scoring context decodes
         self.rows_ms = 0.0  # the scoring context's decode, on the worker
@@ -59,6 +61,7 @@ class QueryAhead:
         self._ranked, self._score, self._table, self._flush = ranked, score, table, flush
         self._scores: Future[BlockScores | None] | None = None
         self.scores_from = -1  # the history length when the scores were started
+        self._prepare = prepare  # None once called (or never to be)
         self.poll()
 
     def _timed_rows(self, rows: Callable[[], Rows]) -> Rows:
@@ -69,14 +72,28 @@ class QueryAhead:
             self.rows_ms = (time.perf_counter() - t0) * 1e3
 
     def poll(self) -> None:
-        """Start the scores if every candidate block is complete (once per turn)."""
-        if not self._ranked or self._scores is not None:
+        """Start the scores if every candidate block is complete, and hand them to
+        `prepare` once they are computed (each once per turn)."""
+        if self._scores is not None:
+            self._prepared()
+            return
+        if not self._ranked:
             return
         if self._table.n_complete_blocks <= max(self._ranked):
             return
         self._flush()
         score, self.scores_from = self._score, self._table.n_tokens
         self._scores = self._worker.submit(lambda: score(self._rows.result()))
+
+    def _prepared(self) -> None:
+        """`prepare` the scores if they are ready (a failed score is raised by `scores`)."""
+        job, prepare = self._scores, self._prepare
+        if prepare is None or job is None or not job.done() or job.exception() is not None:
+            return
+        self._prepare = None
+        got = job.result()
+        if got is not None:
+            prepare(got)
 
     def rows(self) -> Rows:
         return self._rows.result()

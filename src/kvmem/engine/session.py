@@ -35,13 +35,14 @@ from .host_staging import STAGING_BYTES
 from .kv_transfer import KVTransfer
 from .query_ahead import QueryAhead, Rows
 from .query_capture import QueryCapture
+from .query_rows import QueryRows, merged
 from .replay_ssm import ReplaySSM
 from .sampler import Sampler
 from .scoring_context import ScoringContext
 from .spec_decode import SpecDecoder
 from .trace import FinishReason, TraceKind, Tracer, TurnStats
 from .transfer_profile import TransferPath
-from .window import BlockScores, GpuWindow
+from .window import BlockScores, GpuWindow, StreamAt
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class KVMemSession:
         self.chunk_tokens = self._chunk_size(capacity)
         self.last_query: QueryVectors | None = None
         self._queries: collections.OrderedDict[tuple, QueryVectors] = collections.OrderedDict()
+        self.rows = QueryRows()  # the main context's query rows, by position (query_rows.py)
         self.frontier: int | None = None  # first position whose KV saw a chosen window
         self.force_spans: tuple[TokenSpan, ...] = ()  # oracle: spans every plan must hold
         self.last_turn = TurnStats()
@@ -129,6 +131,7 @@ class KVMemSession:
             self.index.remove(self.index.block_ids())
         self.last_query, self.frontier = None, None
         self._queries.clear()
+        self.rows.clear()
         if self.ssm is not None:
             self.ssm.clear()
 
@@ -256,6 +259,7 @@ class KVMemSession:
         reused = common if self.frontier is None else min(common, self.frontier)
         if tail is not None:
             reused = min(reused, tail)  # a fresh server decodes the tail after the plan
+        reused = self._recompute_rows_from(spans, n, reused)
         if reused < self.table.n_tokens:
             if self.ssm is not None:  # back to a recurrent snapshot at or before the cut
                 reused = self.ssm.rewind_to(reused)
@@ -271,8 +275,8 @@ class KVMemSession:
             self.ssm.plan_prefill(reused, n, spans, pin, bt)
         suffix = list(prompt[reused:] if tail is None else prompt[reused:tail])
         stats.prefill_tokens = n - reused
-        on_main = wanted if self.scoring is None else ()
-        ahead = self._begin_ahead(prompt, spans, wanted, end, stats)
+        on_main = self._kept_spans(wanted, n) if self.scoring is None else ()
+        ahead = self._begin_ahead(prompt, spans, wanted, (reused, end), stats)
         try:
             on_chunk = ahead.poll if ahead is not None else None
             captured = self._decode(suffix, stats, capture=on_main, spans=spans, on_chunk=on_chunk)
@@ -283,14 +287,20 @@ class KVMemSession:
                 )
             elif self.scoring is not None:
                 captured = self._score_apart(wanted, prompt)
+            else:
+                captured = self._keep_rows(on_main, captured, reused, wanted)
             qvec = self._query_vectors(wanted, captured, prompt)
             scored = ahead.scores() if ahead is not None else None
         except BaseException:
             if ahead is not None:  # the worker may still use the scoring context and index
                 ahead.settle()
+            self.transfer.drop_ahead()
             raise
-        if self.config.enabled:
-            self._reselect(spans, qvec, n, stats, scored)
+        try:
+            if self.config.enabled:
+                self._reselect(spans, qvec, n, stats, scored)
+        finally:
+            self.transfer.drop_ahead()  # a blob built ahead serves this turn's plan alone
         if tail is not None:  # the tail, once, against the window chosen for its query
             self._decode(list(prompt[tail:]), stats)
             stats.deferred_tokens = n - tail
@@ -340,12 +350,13 @@ class KVMemSession:
         prompt: Sequence[int],
         spans: PromptSpans,
         wanted: tuple[TokenSpan, ...],
-        end: int,
+        prefill: tuple[int, int],
         stats: TurnStats,
     ) -> QueryAhead | None:
-        """Start the scoring source's query work beside the prefill up to `end`
-        (`query_ahead.py`), or None: another source, `--kvmem-query-ahead off`, a hybrid
-        (snapshots of its own) or images (the projector is shared with the main context)."""
+        """Start the scoring source's query work beside the prefill of `prefill` (start,
+        end) (`query_ahead.py`), and the restore blobs of the plan once it is scored, or
+        None: another source, `--kvmem-query-ahead off`, a hybrid (snapshots of its own) or
+        images (the projector is shared with the main context)."""
         c = self.config
         if self.scoring is None or c.query_ahead is QueryAheadMode.OFF:
             return None
@@ -353,11 +364,15 @@ class KVMemSession:
             return None
         missing = [s for s in wanted if query_key(s, prompt) not in self._queries]
         scoring, window = self.scoring, self.window
+        start, end = prefill
+        request = window.request(spans, self._forced(), len(prompt) - end, end)
         ranked: tuple[int, ...] = ()
         if self.index is not None and c.rank is RankMode.SUMMARY:  # the others read the store
-            ranked = window.candidates(
-                window.request(spans, self._forced(), len(prompt) - end, end)
-            )
+            ranked = window.candidates(request)
+        stream = None  # the window the last chunk sees (None: no chunk before the plan)
+        if start < end:
+            last = max(start, (end - 1) - (end - 1) % self.chunk_tokens)
+            stream = StreamAt(last, spans, self.capacity - self.chunk_tokens, self.stream_grid)
 
         def score(rows: Rows) -> BlockScores | None:
             query = self.joined_query(wanted, rows, prompt)
@@ -371,6 +386,7 @@ class KVMemSession:
             score,
             self.table,
             lambda: self.window.flush(stats),
+            lambda scores: window.prepare_restore(request, scores, stream),
         )
 
     def _deferred_start(self, spans: PromptSpans, n: int) -> int | None:
@@ -427,6 +443,41 @@ class KVMemSession:
                 out.append(traj)
         return tuple(out)
 
+    def _kept_spans(self, wanted: tuple[TokenSpan, ...], n: int) -> tuple[TokenSpan, ...]:
+        """What the main context captures and keeps: the wanted spans and the prompt's tail
+        (the next turns' trajectory tail covers it), as disjoint spans."""
+        if self.capture is None or not wanted:
+            return ()
+        tail = TokenSpan(max(0, n - self.config.query_max_tokens), n)
+        return tuple(merged((*wanted, tail)))
+
+    def _keep_rows(
+        self,
+        kept: tuple[TokenSpan, ...],
+        captured: Rows,
+        reused: int,
+        wanted: tuple[TokenSpan, ...],
+    ) -> dict[TokenSpan, dict[int, np.ndarray]]:
+        """Keep the rows captured this turn (from `reused` on) with those of earlier turns,
+        forget the rest, and assemble every wanted span that has all of its rows."""
+        for span in kept:
+            if span in captured:
+                self.rows.add(max(span.start, reused), captured[span])
+        self.rows.keep_only(kept)
+        return {s: v.by_layer for s in wanted if (v := self.rows.vectors(s)) is not None}
+
+    def _recompute_rows_from(self, spans: PromptSpans, n: int, reused: int) -> int:
+        """Where the prefill starts so that the plan has the main context's rows of every
+        wanted span: `reused`, or the first position of a wanted span with no kept row (the
+        tokens of an earlier turn's generation; a session loaded or switched back), at most
+        `--kvmem-query-max-tokens` back. A span further back goes without (the QUERY
+        trace says so)."""
+        if self.capture is None or self.scoring is not None or not self._ranks_at(spans, n, n):
+            return reused
+        lacking = (self.rows.first_missing(s, reused) for s in self._capture_spans(spans, n, n))
+        near = [p for p in lacking if p is not None and reused - p <= self.config.query_max_tokens]
+        return min(near, default=reused)
+
     def _ranks_at(self, spans: PromptSpans, n: int, end: int) -> bool:
         """Whether the plan made with the history at `end` (of `n` prompt tokens) ranks
         any block by score."""
@@ -453,6 +504,7 @@ class KVMemSession:
     ) -> QueryVectors | None:
         """Vectors of every wanted span: captured this turn, or kept from the turn that
         processed it (the same tokens at the same positions); those captured are kept."""
+        missing = []
         for span in wanted:
             key = query_key(span, prompt)
             got = span_query(span, captured.get(span, {}))
@@ -462,8 +514,17 @@ class KVMemSession:
             if key in self._queries:
                 self._queries.move_to_end(key)
             else:
+                missing.append(span)
                 logger.info("query span [%d, %d) has no vectors this turn", span.start, span.end)
         self.last_query = self.joined_query(wanted, captured, prompt)
+        if wanted:
+            self.tracer.emit(
+                TraceKind.QUERY,
+                at=len(prompt),
+                spans=",".join(f"{s.start}-{s.end}" for s in wanted),
+                tokens=0 if self.last_query is None else len(self.last_query.positions),
+                missing=",".join(f"{s.start}-{s.end}" for s in missing) or "-",
+            )
         return self.last_query
 
     def joined_query(
@@ -563,6 +624,7 @@ class KVMemSession:
             start = self.ssm.rewind_to(start)
         tokens = list(self.table.tokens[start:])
         self.window.truncate(start, stats, keep_window=True)
+        self.rows.truncate(start)  # the tail's rows from here see the new window
         self._decode(tokens, stats)
         stats.replayed_tokens += len(tokens)
         stats.replay_ms += (time.perf_counter() - t0) * 1e3
@@ -572,6 +634,7 @@ class KVMemSession:
         """Forget history from `n_keep` on (a divergence, or the frontier)."""
         stats.truncated_tokens += self.table.n_tokens - n_keep
         dropped = self.window.truncate(n_keep, stats, keep_window=False)
+        self.rows.truncate(n_keep)
         self.tracer.emit(TraceKind.TRUNCATE, keep=n_keep, dropped_blocks=dropped)
 
 

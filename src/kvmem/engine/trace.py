@@ -18,6 +18,7 @@ class TraceKind(Enum):
     STREAM = "STREAM"  # a prefill chunk's window changed: blocks evicted and staged in
     EVICT = "EVICT"  # blocks evicted to make room outside prefill
     SPILL = "SPILL"  # the generation's oldest blocks moved to the host (ring spill)
+    QUERY = "QUERY"  # a turn's query spans, its vector count and spans without vectors
     RESELECT = "RESELECT"  # the window chosen for a query, by tier
     TIER_DROP = "TIER_DROP"  # a pinned tier's blocks past its bound or the budget
     TRUNCATE = "TRUNCATE"  # history forgotten after a divergence
@@ -49,6 +50,7 @@ class TurnStats:
     stage_in_blocks: int = 0
     harvested_blocks: int = 0
     stage_in_bytes: int = 0
+    built_ahead_blocks: int = 0  # stage-ins whose restore blob was built beside the prefill
     harvested_bytes: int = 0  # bytes harvested to the host store
     harvest_ms: float = 0.0
     restore_ms: float = 0.0

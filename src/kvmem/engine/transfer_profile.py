@@ -25,6 +25,9 @@ class TransferPath(Enum):
     STORE_PUT = "store_put"  # blocks into the host store
     INDEX_ADD = "index_add"  # handing blocks to the retrieval index (summaries run async)
     STATE_BUILD = "state_build"  # the restore blob assembled from host blocks
+    # the same, on the builder's thread beside the prefill (restore_ahead): not waited for
+    STATE_BUILD_AHEAD = "state_build_ahead"
+    AHEAD_WAIT = "ahead_wait"  # what a restore waited for a blob still being built ahead
     # (re)allocating the staging buffer (pinned on a GPU), inside state_get / state_build
     STAGING_GROW = "staging_grow"
     STATE_SET = "state_set"  # llama_state_seq_set_data: host blob -> device

@@ -54,7 +54,7 @@ from .trace import TraceKind, Tracer, TurnStats
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Applied", "BlockScores", "GpuWindow", "Reselection", "TokenSpan"]
+__all__ = ["Applied", "BlockScores", "GpuWindow", "Reselection", "StreamAt", "TokenSpan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +82,28 @@ class Reselection:
     scores: BlockScores = _UNSCORED  # what ranked the candidates, and its time
 
 
+@dataclass(frozen=True, slots=True)
+class StreamAt:
+    """Where a prefill chunk starts and what its stream window is computed from."""
+
+    position: int
+    spans: PromptSpans
+    room: int  # KV cells for the window besides the chunk
+    grid: int  # the absolute chunk grid (a multiple of the block size)
+
+
+def keep_from(position: int, grid: int, block_tokens: int) -> int:
+    """The first block of the chunk (on `grid`) holding `position`: a chunk at `position`
+    keeps every block from there on."""
+    return (position - position % grid) // block_tokens
+
+
 @dataclass(slots=True)
 class Applied:
     """What applying a plan did."""
 
     stage_in: int = 0
+    built_ahead: int = 0  # of the stage-ins, blocks whose blob was built beside the prefill
     bytes_in: int = 0
     evicted: int = 0
     moved: int = 0
@@ -212,6 +229,7 @@ class GpuWindow:
         stats.stage_in_blocks += res.blocks
         stats.stage_in_bytes += res.bytes
         stats.restore_ms += res.ms
+        stats.built_ahead_blocks += res.built_ahead
 
     def reset(self) -> None:
         """The context was cleared: no block is on the GPU any more."""
@@ -242,12 +260,10 @@ class GpuWindow:
         block size), plus the tokens from there to `position`, all at their own positions.
         A prefill that starts mid-chunk (after a reused prefix) so sees what the whole
         chunk of a fresh prefill sees."""
-        bt = self.table.block_tokens
-        if self.config.stream_cap:  # the fidelity decomposition's truncated stream
-            room = min(room, self.config.stream_cap)
-        chunk_start = position - position % grid
-        keep = set(stream_window(self.planner_config(), chunk_start, spans, room))
-        keep.update(range(chunk_start // bt, self.table.n_complete_blocks))
+        keep = self._stream_keep(position, spans, room, grid)
+        keep.update(
+            range(keep_from(position, grid, self.table.block_tokens), self.table.n_complete_blocks)
+        )
         gpu = set(self.table.gpu_blocks())
         done = self.table.n_complete_blocks
         out = sorted(b for b in gpu if b < done and (b not in keep or b in self.moved))
@@ -257,6 +273,13 @@ class GpuWindow:
             self.tracer.emit(TraceKind.STREAM, at=position, evict=out, stage_in=missing)
         self.restore_own(missing, stats)
         stats.evicted_blocks += len(out)
+
+    def _stream_keep(self, position: int, spans: PromptSpans, room: int, grid: int) -> set[int]:
+        """The blocks before its chunk that a prefill chunk at `position` sees."""
+        if self.config.stream_cap:  # the fidelity decomposition's truncated stream
+            room = min(room, self.config.stream_cap)
+        chunk_start = position - position % grid
+        return set(stream_window(self.planner_config(), chunk_start, spans, room))
 
     def note_groups(self, groups: Sequence[TokenSpan]) -> None:
         """The token ranges (images) that evictions outside the planner keep whole."""
@@ -374,6 +397,22 @@ class GpuWindow:
         replay = None if pending else self._replay_start(plan, starts, spans, n_prompt)
         return Reselection(plan, starts, replay, scored or _UNSCORED)
 
+    def prepare_restore(
+        self, request: WindowRequest, scored: BlockScores, stream: StreamAt | None
+    ) -> bool:
+        """Build beside the prefill the restore blobs of what the plan for `request` will
+        stage in, given the window the prefill's last chunk (`stream`; None: the window
+        now) leaves (read only; the restore uses them only if it stages in exactly those
+        blocks)."""
+        t = self.table
+        resident = [b for b in range(t.n_complete_blocks) if t.is_on_gpu(b)]
+        if stream is not None:  # the last chunk's stream window, restored where it is not
+            keep = self._stream_keep(stream.position, stream.spans, stream.room, stream.grid)
+            last = keep_from(stream.position, stream.grid, t.block_tokens)
+            resident = [b for b in range(request.n_complete) if b >= last or b in keep]
+        plan = plan_window(self.planner_config(), request, resident, scored.values)
+        return self.transfer.prepare(plan.stage_in)
+
     def _replay_start(
         self, plan: WindowPlan, starts: dict[int, int], spans: PromptSpans, n_prompt: int
     ) -> int | None:
@@ -409,9 +448,11 @@ class GpuWindow:
                 self.moved[b] = starts[b]
         t_restore = time.perf_counter()
         before = stats.stage_in_blocks, stats.stage_in_bytes, stats.restore_ms
+        ahead = stats.built_ahead_blocks
         self.restore({b: starts[b] for b in sorted(set(plan.stage_in) | set(restage))}, stats)
         applied = Applied(
             stage_in=stats.stage_in_blocks - before[0],
+            built_ahead=stats.built_ahead_blocks - ahead,
             bytes_in=stats.stage_in_bytes - before[1],
             evicted=len(plan.evict),
             moved=moved,
@@ -437,6 +478,7 @@ class GpuWindow:
             selected=len(plan.selected),
             keep=len(plan.keep),
             stage_in=applied.stage_in,
+            built_ahead=applied.built_ahead,
             evict=applied.evicted,
             moved=applied.moved,
             bytes_in=applied.bytes_in,
