@@ -77,10 +77,15 @@ class LlamaModel:
         n_gpu_layers: int = -1,
         placement: GpuPlacement | None = None,
         load_mtp: bool = False,  # also load the nextn (MTP) layers' weights (draft-mtp)
+        *,
+        use_mmap: bool = True,  # --mmap/--no-mmap
+        use_mlock: bool = False,  # --mlock
     ) -> None:
         init_backend()
         params = llama_cpp.llama_model_default_params()
         params.load_mtp = load_mtp
+        params.use_mmap = use_mmap
+        params.use_mlock = use_mlock
         params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
         keep_alive = apply_placement(placement, params) if placement is not None else None
         # llama.cpp's CPU "extra" buffer types (weight repacking, AMX) are off unless
