@@ -253,3 +253,19 @@ def test_cli_help_opens_with_a_short_usage() -> None:
         "sampling",
     ]
     assert "generation (kvmem-cli)" in titles
+
+
+@pytest.mark.parametrize(("threads_http", "tokens"), [(3, 3), (None, 40)])
+def test_threads_http_sets_the_worker_thread_limit(
+    engine: FakeEngine, threads_http: int | None, tokens: int
+) -> None:
+    from anyio import to_thread
+
+    async def limit() -> float:
+        return to_thread.current_default_thread_limiter().total_tokens
+
+    s = settings(limits=ServerLimits(threads_http=threads_http))
+    with TestClient(create_app(s, lambda _: engine)) as c:
+        wait_ready(c)
+        assert c.portal is not None
+        assert c.portal.call(limit) == tokens
