@@ -269,3 +269,26 @@ def test_threads_http_sets_the_worker_thread_limit(
         wait_ready(c)
         assert c.portal is not None
         assert c.portal.call(limit) == tokens
+
+
+def test_cli_checks_the_same_before_loading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvmem.cli.chat_cli import main as cli_main
+
+    assert cli_main(["-m", str(tmp_path), "-p", "x"]) == 2
+    assert capsys.readouterr().err == (
+        f"kvmem-cli: error: -m: {tmp_path} is a directory: give a GGUF file or a model name\n"
+    )
+    assert cli_main(["-m", "qwen-0.6b", "-p", "x"]) == 2
+    assert capsys.readouterr().err == (
+        "kvmem-cli: error: -m: no model file or model name 'qwen-0.6b': give a GGUF file "
+        f"path or one of the model names: {', '.join(model_names())}\n"
+    )
+    assert cli_main(["-tb", "2147483648", "-p", "x"]) == 2
+    assert capsys.readouterr().err == (
+        "kvmem-cli: error: argument -tb/--threads-batch: 2147483648 is out of range: must be "
+        "in -2147483648..2147483647\n"
+    )
+    assert cli_main(["-tb", "513", "-p", "x"]) == 2
+    assert capsys.readouterr().err == "kvmem-cli: error: -tb: must be at most 512, got 513\n"
