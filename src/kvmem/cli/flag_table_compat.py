@@ -51,9 +51,10 @@ NOOP_TABLE: tuple[Flag, ...] = (
 )
 
 REJECTED_TABLE: tuple[Flag, ...] = (
-    R(("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url", "--offline",
-       "-hft", "--hf-token"),
+    R(("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url", "-hft",
+       "--hf-token"),
       "kvmem-server never downloads models: pass a local file with -m", True),
+    R(("--offline",), "kvmem-server never downloads models: pass a local file with -m"),
     R(("--embedding", "--embeddings", "--reranking", "--rerank"),
       "embeddings and reranking are not offered (kvmem-server serves generation only)"),
     R(("--pooling",), "embeddings are not offered, so there is no pooling", True),
