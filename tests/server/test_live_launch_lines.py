@@ -88,3 +88,18 @@ def test_preflight_on_a_server_without_keys_or_origins(main_server: LiveServer) 
     assert r.status_code == 200  # answered, but no origin is allowed by default
     assert "Access-Control-Allow-Origin" not in r.headers
     assert r.headers["Access-Control-Allow-Methods"] == "GET, POST, DELETE, OPTIONS"
+
+
+def _maps_model(server: LiveServer) -> bool:
+    from kvmem.engine.model_path import default_model_path
+
+    model = str(Path(default_model_path()).resolve())
+    return model in Path(f"/proc/{server.proc.pid}/maps").read_text()
+
+
+def test_no_mmap_reads_the_model_instead_of_mapping_it(
+    launch_line_server: tuple[LiveServer, Path], main_server: LiveServer
+) -> None:
+    server, _ = launch_line_server
+    assert _maps_model(main_server)  # llama.cpp's default: the GGUF is mapped
+    assert not _maps_model(server)  # --no-mmap: read into buffers, the file is not mapped

@@ -53,10 +53,24 @@ def test_threads_http_cors_and_model_loading_flags() -> None:
         ("Authorization", "Content-Type"),
         False,
     )
-    assert (load().engine.use_mmap, load().engine.use_mlock) == (True, False)
-    assert (load("--no-mmap", "--mlock").engine.use_mmap, load("--mlock").engine.use_mlock) == (
-        False,
-        True,
+    modes = {
+        (): "auto",
+        ("--no-mmap",): "none",
+        ("--mmap",): "mmap",
+        ("--mlock",): "mmap+mlock",
+        ("--mlock", "--no-mmap"): "mlock",
+        ("-lm", "dio"): "dio",
+        ("--load-mode", "none", "--mlock"): "none",  # the explicit mode wins
+    }
+    for argv, mode in modes.items():
+        assert load(*argv).engine.load_mode == mode, argv
+    env = load_server_settings([], {"LLAMA_ARG_LOAD_MODE": "mmap+mlock"})[0].engine
+    assert env.load_mode == "mmap+mlock"
+    with pytest.raises(ConfigError) as info:
+        load("-lm", "fast")
+    assert str(info.value) == (
+        "argument -lm/--load-mode: invalid choice: 'fast' (choose from 'auto', 'none', "
+        "'mmap', 'mlock', 'mmap+mlock', 'dio')"
     )
     assert load("--reuse-port").reuse_port is True
     assert load("--log-disable", "-lv", "4").verbosity == 0

@@ -14,6 +14,7 @@ from kvmem.cli.flag_spec import Group as G
 from kvmem.cli.flag_spec import Program as P
 
 F = Flag
+LOAD_MODE_NAMES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")  # llama.cpp's -lm
 # fmt: off
 MODEL_TABLE: tuple[Flag, ...] = (
     F(("-m", "--model"), "model", "GGUF model file or a model name (qwen-0.5b)", t.non_empty, None, "LLAMA_ARG_MODEL",
@@ -35,10 +36,15 @@ MODEL_TABLE: tuple[Flag, ...] = (
       group=G.MODEL),
     F(("-ngl", "--gpu-layers", "--n-gpu-layers"), "gpu_layers", "layers on the GPU: N, all or auto",
       t.gpu_layers, -1, "LLAMA_ARG_N_GPU_LAYERS", metavar="N", shown_default="all", group=G.MODEL),
-    F(("--mlock",), "mlock", "keep the model's weights in RAM (mlock: never swapped out)", None, False,
-      "LLAMA_ARG_MLOCK", group=G.MODEL),
-    F(("--mmap",), "mmap", "map the model file into memory instead of reading it", None, True,
-      "LLAMA_ARG_MMAP", negative=("--no-mmap",), group=G.MODEL),
+    F(("-lm", "--load-mode"), "load_mode",
+      "how the weights load: auto (mmap unless a device cannot), none (read), mmap, mlock "
+      "(read and locked in RAM), mmap+mlock or dio (direct I/O)", str, "auto",
+      "LLAMA_ARG_LOAD_MODE", metavar="MODE", choices=LOAD_MODE_NAMES, group=G.MODEL),
+    F(("--mlock",), "mlock", "keep the weights in RAM, never swapped out (= -lm mmap+mlock, "
+      "or mlock with --no-mmap)", None, False, "LLAMA_ARG_MLOCK", group=G.MODEL),
+    F(("--mmap",), "mmap", "map the model file (= -lm mmap); --no-mmap reads it (= -lm none)",
+      None, None, "LLAMA_ARG_MMAP", negative=("--no-mmap",), shown_default="auto",
+      group=G.MODEL),
 )
 
 SAMPLING_TABLE: tuple[Flag, ...] = (

@@ -132,6 +132,18 @@ def _slot_dir(v: dict[str, Any]) -> str | None:
     return str(Path(path).resolve())
 
 
+def _load_mode(v: dict[str, Any], sources: Mapping[str, str]) -> str:
+    """-lm/--load-mode MODE, or llama.cpp's older switches: --no-mmap reads the file,
+    --mlock locks the weights in RAM (mapped unless --no-mmap too), --mmap maps it."""
+    if sources["load_mode"] != "default":
+        return str(v["load_mode"])
+    if v["mlock"]:
+        return "mlock" if v["mmap"] is False else "mmap+mlock"
+    if v["mmap"] is None:
+        return "auto"
+    return "mmap" if v["mmap"] else "none"
+
+
 def _verbosity(v: dict[str, Any], sources: Mapping[str, str]) -> int:
     """-lv N; --log-disable silences everything; -v alone means -lv 5."""
     if v["log_disable"]:
@@ -204,8 +216,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         cache_types=flags.cache_types,
         kvmem=flags.kvmem,
         seed=v["seed"],
-        use_mmap=bool(v["mmap"]),
-        use_mlock=bool(v["mlock"]),
+        load_mode=_load_mode(v, parsed.sources),
         spec=spec_config_from_args(parsed.namespace),  # --spec-* (cli/spec_flags.py)
         vision=vision,
         placement=gpu_placement(v, parsed.sources, parsed.warnings),

@@ -71,8 +71,7 @@ class Engine:
                 settings.n_gpu_layers,
                 settings.placement,
                 load_mtp=settings.spec.wants_mtp,
-                use_mmap=settings.use_mmap,
-                use_mlock=settings.use_mlock,
+                load_mode=settings.load_mode,
             )
         self.model = model
         self._check_hybrid(settings)

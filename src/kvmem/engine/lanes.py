@@ -48,8 +48,7 @@ class EngineLanes:
             settings.n_gpu_layers,
             settings.placement,
             load_mtp=settings.spec.wants_mtp,
-            use_mmap=settings.use_mmap,
-            use_mlock=settings.use_mlock,
+            load_mode=settings.load_mode,
         )
         if n > 1:  # as llama-server's slots: each lane's context is -c / N
             total = settings.n_ctx or llama_cpp.llama_model_n_ctx_train(self.model.ptr)
