@@ -51,6 +51,7 @@ def _serve(app: StreamForever, write_timeout_s: float | None) -> tuple[uvicorn.S
         app,
         lifespan="off",
         log_config=None,
+        log_level="warning",
         http=guarded_protocol(10.0, 100, write_timeout_s),
     )
     server = uvicorn.Server(config)
