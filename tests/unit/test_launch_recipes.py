@@ -13,7 +13,7 @@ import pytest
 from kvmem.errors import ConfigError
 from kvmem.launch.kv_size import GIB, parse_size, read_kv_geometry
 from kvmem.launch.main import main
-from kvmem.launch.recipe import recipe_names
+from kvmem.launch.recipe import load_recipe, recipe_names
 from kvmem.memory.ggml_types import GgmlType
 
 SERVER = [sys.executable, "-m", "kvmem.server.main"]
@@ -154,12 +154,83 @@ def test_environment_overrides_the_recipe(
     assert body["argv"][-2:] == ["--port", "1234"]  # the option beats the environment
 
 
-def test_the_16gib_recipe_needs_a_model(
+def test_the_16gib_recipe_needs_a_model_to_start(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    code, _, err = dry_run(capsys, monkeypatch, ["iq3-16gib"])
+    monkeypatch.delenv("MODEL", raising=False)
+    assert main(["iq3-16gib"]) == 2
+    assert capsys.readouterr().err == (
+        "kvmem-launch: error: MODEL: recipe iq3-16gib needs a model: "
+        "Qwen3.8-27B-GSQ-RCO-IQ3_S-mtp.gguf (set MODEL=/path/to/it)\n"
+    )
+
+
+def test_the_readme_dry_run_plans_without_the_model(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, body, err = dry_run(capsys, monkeypatch, ["iq3-16gib", "--gpu-mem", "16GiB"])
+    assert code == 0
+    assert body["argv"][3:5] == ["-m", "$MODEL"]
+    assert body["argv"][body["argv"].index("--kvmem-budget") + 1] == "36864"
+    assert "--spec-type" not in body["argv"] and body["sizing"] is None
+    assert body["unchecked"] == [
+        "model: MODEL is not set, so -m is the placeholder $MODEL (the recipe wants "
+        "Qwen3.8-27B-GSQ-RCO-IQ3_S-mtp.gguf (set MODEL=/path/to/it))",
+        "--gpu-mem 16GiB: not sized without the model file; the plan uses the recipe's "
+        "budget 36864 + gen reserve 16384",
+        "MTP head: the model file was not read, so MTP is left off",
+    ]
+    assert "kvmem-launch: not checked: --gpu-mem 16GiB: not sized" in err
+    readme_model = "/models/Qwen3.8-27B-GSQ-RCO-IQ3_S-mtp.gguf"  # README.md's line, verbatim
+    code, body, err = dry_run(
+        capsys, monkeypatch, ["iq3-16gib", "--gpu-mem", "16GiB"], MODEL=readme_model
+    )
+    assert code == 0 and body["argv"][3:5] == ["-m", readme_model]
+    assert (
+        body["unchecked"][0] == f"model: {readme_model} not found, so its KV geometry was not read"
+    )
+
+
+@pytest.mark.parametrize("gpu_mem", [[], ["--gpu-mem", "16GiB"]], ids=["plain", "gpu-mem"])
+@pytest.mark.parametrize("name", recipe_names())
+def test_every_recipe_dry_runs_without_its_model_files(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    name: str,
+    gpu_mem: list[str],
+) -> None:
+    from kvmem.errors import ModelNotFoundError
+    from kvmem.launch import recipe as recipe_module
+
+    def no_package() -> str:  # the embedded model's package is not installed
+        raise ModelNotFoundError("the default model package is not installed")
+
+    monkeypatch.setattr(recipe_module, "_embedded_model_path", no_package)
+    missing = str(tmp_path / "absent.gguf")
+    for env in ({}, {"MODEL": missing, "MMPROJ": str(tmp_path / "absent-mmproj.gguf")}):
+        code, body, err = dry_run(capsys, monkeypatch, [name, *gpu_mem], **env)
+        assert code == 0, err
+        assert body["recipe"] == name and body["argv"][:3] == SERVER
+        budget = body["argv"][body["argv"].index("--kvmem-budget") + 1]
+        assert budget == str(load_recipe(name).budget)
+        unchecked = body["unchecked"]
+        if env:
+            assert f"model: {missing} not found, so its KV geometry was not read" in unchecked
+            assert f"projector: {tmp_path / 'absent-mmproj.gguf'} not found" in unchecked
+        if gpu_mem:
+            assert any(line.startswith("--gpu-mem 16GiB: not sized") for line in unchecked)
+        assert list((tmp_path.parent / tmp_path.name).glob("launch-state/*")) == []
+
+
+def test_a_dry_run_still_checks_its_values(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, err = dry_run(capsys, monkeypatch, ["iq3-16gib", "--gpu-mem", "lots"])
     assert code == 2
-    assert "MODEL: recipe iq3-16gib needs a model: Qwen3.8-27B-GSQ-RCO-IQ3_S-mtp.gguf" in err
+    assert err.endswith(
+        "kvmem-launch: error: --gpu-mem: give a size with a unit (16GiB, 12000MiB): 'lots'\n"
+    )
 
 
 def test_kv_geometry_of_two_shapes(llama8b: Path, hybrid27b: Path) -> None:

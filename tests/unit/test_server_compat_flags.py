@@ -31,11 +31,59 @@ def test_stock_llama_server_line_starts_two_lanes_without_a_parallel_warning() -
     assert load("--parallel", "1")[1] == []
 
 
-@pytest.mark.parametrize("flag", [f for spec in NOOP_SWITCHES for f in spec.flags])
-def test_noop_switches_are_accepted(flag: str) -> None:
-    settings, warnings = load(flag)
+def _valid_value(spec) -> list[str]:
+    if not spec.takes_value:
+        return []
+    return ["on"] if spec.metavar == "on|off|auto" else ["1"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "spec"), [(f, spec) for spec in NOOP_SWITCHES for f in spec.flags]
+)
+def test_noop_flags_are_accepted(flag: str, spec) -> None:
+    settings, warnings = load(flag, *_valid_value(spec))
     assert warnings == []
     assert settings.engine.n_ctx == 0  # nothing else changed
+    assert settings == load()[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--keep", "-2"], "--keep: -2 is out of range: must be in -1..2147483647"),
+        (["--keep", "2147483648"], "--keep: 2147483648 is out of range: must be in -1..2147483647"),
+        (["--cache-reuse", "x"], "--cache-reuse: invalid integer value: 'x'"),
+        (["-ctxcp", "-1"], "-ctxcp: -1 is out of range: must be in 0..2147483647"),
+        (["-sps", "1.5"], "-sps: 1.5 is out of range [0.0, 1.0]"),
+        (["--log-colors", "rainbow"], "--log-colors: invalid value 'rainbow': use on, off or auto"),
+        (
+            ["--sse-ping-interval", "-5"],
+            "--sse-ping-interval: -5 is out of range: must be in -1..2147483647",
+        ),
+    ],
+)
+def test_noop_flags_check_their_values(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(*argv)
+    assert str(info.value) == message
+
+
+def test_log_colors_value_is_optional() -> None:
+    assert load("--log-colors")[0] == load()[0]
+    assert load("--log-colors", "-c", "64")[0].engine.n_ctx == 64
+
+
+def test_noop_flags_say_so_in_help(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvmem.cli.server_args import build_server_parser
+
+    with pytest.raises(SystemExit):
+        build_server_parser().parse_args(["--help"])
+    text = capsys.readouterr().out
+    section = text[text.index("llama-server compatibility: accepted, no effect:") :]
+    section = section[: section.index("llama-server compatibility: rejected:")]
+    for spec in NOOP_SWITCHES:
+        assert spec.flags[0] in section
+    assert section.count("accepted, no effect:") == 1 + len(NOOP_SWITCHES)  # title + rows
 
 
 @pytest.mark.parametrize("spec", REJECTED_FLAGS, ids=lambda s: s.flags[-1])

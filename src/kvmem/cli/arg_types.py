@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable
 from enum import Enum
 from typing import Any
@@ -59,22 +60,32 @@ def parse_bool(text: str) -> bool:
     )
 
 
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # llama.cpp keeps most numbers as int32_t
+
+
 def int_in_range(
     lo: int | None = None, hi: int | None = None, *, also: tuple[int, ...] = ()
 ) -> Callable[[str], int]:
-    """An integer in [lo, hi] (either end open when None), or one of `also`."""
+    """An integer in [lo, hi], or one of `also`. An open end (None) is int32's end: llama.cpp
+    stores these values as int32_t, so a larger one would overflow there."""
+    low = INT32_MIN if lo is None else lo
+    high = INT32_MAX if hi is None else hi
 
     def parse(text: str) -> int:
         value = strict_int(text)
         if value in also:
             return value
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
+        if value < low or value > high:
             extra = f" or {', '.join(map(str, also))}" if also else ""
-            bounds = f">= {lo}" if hi is None else (f"<= {hi}" if lo is None else f"in {lo}..{hi}")
-            raise argparse.ArgumentTypeError(f"{value} is out of range: must be {bounds}{extra}")
+            raise argparse.ArgumentTypeError(
+                f"{value} is out of range: must be in {low}..{high}{extra}"
+            )
         return value
 
     return parse
+
+
+int32 = int_in_range()
 
 
 def float_in_range(lo: float | None = None, hi: float | None = None) -> Callable[[str], float]:
@@ -87,10 +98,13 @@ def float_in_range(lo: float | None = None, hi: float | None = None) -> Callable
     return parse
 
 
+MAX_THREADS = 512  # GGML_MAX_N_THREADS
+
 positive_int = int_in_range(1)
-ctx_size = int_in_range(1, 2**31 - 1)  # positions are llama_pos (int32)
+ctx_size = int_in_range(1)  # positions are llama_pos (int32)
 n_predict = int_in_range(1, also=(-1,))
-threads = int_in_range(1, also=(-1,))
+threads = int_in_range(1, MAX_THREADS, also=(-1,))
+threads_http = int_in_range(1, 1024, also=(-1, 0))  # -1 and 0: automatic
 port = int_in_range(1, 65535)
 verbosity = int_in_range(0, 5)
 reasoning_budget = int_in_range(-1)
@@ -212,10 +226,26 @@ def host_list(text: str) -> str:
     return ",".join(parts)
 
 
-def parallel_slots(text: str) -> int:
-    value = strict_int(text)
-    if value < 1 and value != -1:
-        raise argparse.ArgumentTypeError(f"{value} is out of range: must be >= 1 (or -1 = auto)")
+parallel_slots = int_in_range(1, also=(-1,))  # -1: auto (one lane); the lane cap is checked later
+
+
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
+
+
+def token_list(text: str) -> tuple[str, ...]:
+    """A comma list of HTTP methods or header names (`GET, POST`), or `*`."""
+    items = tuple(item.strip() for item in text.split(","))
+    if not all(items) or not all(_TOKEN.match(item) for item in items):
+        raise argparse.ArgumentTypeError(
+            f"invalid list {text!r}: give comma-separated names, e.g. 'GET, POST' or '*'"
+        )
+    return items
+
+
+def on_off_auto(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("on", "off", "auto"):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: use on, off or auto")
     return value
 
 

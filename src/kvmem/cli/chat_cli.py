@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from kvmem.errors import ConfigError, KVMemError
 from kvmem.models import resolve_model_flag
 
+from .arg_types import MAX_THREADS
 from .flag_parser import FlagArgumentParser
 from .flag_parser import build_parser as build_flag_parser
 from .flag_spec import Program
@@ -37,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
         "kvmem-cli",
         "Generate with a KVMem session on llama.cpp.",
         fill_defaults=True,
+        usage="%(prog)s [-m FNAME|NAME] [-c N] (-p TEXT | -f FNAME | -i) [FLAGS...]",
+        epilog="Examples:\n"
+        "  kvmem-cli -p 'Hello'                    # the embedded SmolLM2-135M-Instruct\n"
+        "  kvmem-cli -m qwen-0.5b -f notes.txt     # a packaged model by name\n"
+        "  kvmem-cli -i --kvmem-budget 2048        # interactive, a 2048-token KVMem window",
     )
 
 
@@ -50,6 +56,8 @@ def _check(ns: argparse.Namespace) -> None:
     for flag, value in (("-t", ns.threads), ("-tb", ns.threads_batch)):
         if value is not None and value <= 0:
             raise ConfigError(flag, f"must be a positive number, got {value}")
+        if value is not None and value > MAX_THREADS:
+            raise ConfigError(flag, f"must be at most {MAX_THREADS}, got {value}")
     if ns.batch_size <= 0:
         raise ConfigError("-b", f"must be a positive number, got {ns.batch_size}")
     if ns.ubatch_size <= 0:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kvmem.cli.env_args import EnvBinding
-from kvmem.cli.flag_spec import Flag, Group, Program, Status
+from kvmem.cli.flag_spec import SOURCED_GROUPS, Flag, Group, Program, Status
 from kvmem.cli.flag_table import flags_for
 from kvmem.errors import ConfigError
 
@@ -34,6 +34,25 @@ class _Reject(argparse.Action):
         raise ConfigError(option_string or self.option_strings[0], self.reason)
 
 
+class _NoOp(argparse.Action):
+    """An accepted flag without an effect: its value (if any) is checked by the row's
+    parser, then the flag's name is recorded in `compat_noop`."""
+
+    def __init__(self, option_strings: list[str], dest: str, row: Flag, **kwargs: object):
+        self.row = row
+        super().__init__(option_strings, dest, **kwargs)  # type: ignore[arg-type]
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        flag = option_string or self.option_strings[0]
+        if isinstance(values, str) and self.row.parse is not None:
+            try:
+                self.row.parse(values)
+            except argparse.ArgumentTypeError as exc:
+                raise ConfigError(flag, str(exc)) from None
+        seen = list(getattr(namespace, self.dest, None) or [])
+        setattr(namespace, self.dest, [*seen, flag])
+
+
 def help_text(row: Flag, show_env: bool = True) -> str:
     env = f"; env: {row.env}" if row.env and show_env else ""
     return f"{row.help} (default: {row.shown()}{env})".replace("%", "%%")
@@ -45,10 +64,12 @@ def _add(group: argparse._ArgumentGroup, row: Flag, fill_defaults: bool, show_en
         group.add_argument(
             *row.flags,
             dest=row.dest,
-            action="append_const",
-            const=row.flags[0],
+            action=_NoOp,
+            row=row,
+            nargs=("?" if row.optional_value else None) if row.takes_value else 0,
+            metavar=(row.metavar or "X") if row.takes_value else None,
             default=argparse.SUPPRESS,
-            help=row.reason,
+            help=f"accepted, no effect: {row.reason.removeprefix('no-op: ')}",
         )
     elif row.status is Status.REJECTED:
         group.add_argument(
@@ -89,13 +110,12 @@ def add_flags(
     rows: tuple[Flag, ...],
     *,
     fill_defaults: bool,
-    titles: Mapping[Group, Group] | None = None,
     show_env: bool = False,
 ) -> None:
-    """Add `rows` to `parser` in `--help` groups (`titles` maps a group onto another)."""
+    """Add `rows` to `parser` in their `--help` groups, in the groups' order."""
     groups: dict[Group, argparse._ArgumentGroup] = {}
     for group in Group:
-        members = [r for r in rows if (titles or {}).get(r.group, r.group) is group]
+        members = [r for r in rows if r.group is group]
         if not members:
             continue
         groups[group] = parser.add_argument_group(group.value)
@@ -104,18 +124,30 @@ def add_flags(
 
 
 def build_parser(
-    program: Program, prog: str, description: str, *, fill_defaults: bool
+    program: Program,
+    prog: str,
+    description: str,
+    *,
+    fill_defaults: bool,
+    usage: str | None = None,
+    epilog: str | None = None,
 ) -> FlagArgumentParser:
-    parser = FlagArgumentParser(prog=prog, description=description, add_help=False)
+    """The program's parser; `usage` replaces argparse's generated one (every flag)."""
+    parser = FlagArgumentParser(
+        prog=prog,
+        description=description,
+        usage=usage,
+        epilog=epilog,
+        add_help=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "-h", "--help", "--usage", action="help", help="show every flag with its default and exit"
     )
-    titles = {Group.SERVER: Group.CLI} if program is Program.CLI else None
     add_flags(
         parser,
         flags_for(program),
         fill_defaults=fill_defaults,
-        titles=titles,
         show_env=program is Program.SERVER,
     )
     return parser
@@ -161,7 +193,7 @@ def resolve(
             values[row.dest], source = env_values[row.dest], "env"
         else:
             values[row.dest], source = row.default, "default"
-        if row.group is Group.SERVER or source == "env":  # the KVMEM_STARTUP record's sources
+        if row.group in SOURCED_GROUPS or source == "env":  # the KVMEM_STARTUP record's sources
             sources[row.dest] = source
         setattr(ns, row.dest, values[row.dest])
     return values, sources

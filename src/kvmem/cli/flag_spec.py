@@ -27,15 +27,40 @@ class Status(enum.Enum):
 
 
 class Group(enum.Enum):
-    """`--help` sections, in the order they are shown."""
+    """`--help` sections, in the order they are shown: what a person looks for first
+    (the model, the memory, sampling, the network) before the details."""
 
-    SERVER = "server (llama-server compatible)"
-    CLI = "generation"
-    KV_CACHE = "KV cache"
-    KVMEM = "KVMem"
+    MODEL = "model & context"
+    KVMEM = "KVMem memory"
+    KV_CACHE = "KV cache types"
+    SAMPLING = "sampling"
+    CLI = "generation (kvmem-cli)"
+    SERVER = "server & network"
+    AUTH = "authentication"
+    UI = "chat page"
+    TEMPLATE = "chat template & thinking"
+    VISION = "vision"
+    GPU = "GPU placement"
+    LOG = "logging"
     SPEC = "speculative decoding"
-    NOOP = "llama-server flags accepted as no-ops"
-    REJECTED = "llama-server flags that are rejected"
+    NOOP = "llama-server compatibility: accepted, no effect"
+    REJECTED = "llama-server compatibility: rejected"
+
+
+# the groups whose values' sources go into the KVMEM_STARTUP record (kvmem-server's own)
+SOURCED_GROUPS = frozenset(
+    {
+        Group.MODEL,
+        Group.SAMPLING,
+        Group.SERVER,
+        Group.AUTH,
+        Group.UI,
+        Group.TEMPLATE,
+        Group.VISION,
+        Group.GPU,
+        Group.LOG,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +81,7 @@ class Flag:
     status: Status = Status.ACTIVE
     reason: str = ""  # NOOP/REJECTED: why (shown in --help and in the error)
     takes_value: bool = False  # NOOP/REJECTED: the flag consumes one value
+    optional_value: bool = False  # NOOP: the value may be left out (`--log-colors [on]`)
     env_parse: Callable[[str], Any] | None = None  # the variable's parser when not `parse`
 
     @property
@@ -79,14 +105,27 @@ class Flag:
         return str(value)
 
 
-def noop(flags: tuple[str, ...], reason: str) -> Flag:
+def noop(
+    flags: tuple[str, ...],
+    reason: str,
+    parse: Callable[[str], Any] | None = None,
+    *,
+    metavar: str | None = None,
+    optional_value: bool = False,
+) -> Flag:
+    """An accepted flag without an effect; with `parse` it takes a value, checked by it
+    (so a launch line with a wrong value still fails, as it would on llama-server)."""
     return Flag(
         flags,
         "compat_noop",
         reason,
+        parse,
         group=Group.NOOP,
         status=Status.NOOP,
         reason=reason,
+        takes_value=parse is not None,
+        optional_value=optional_value,
+        metavar=metavar,
     )
 
 

@@ -13,11 +13,13 @@ from kvmem.cli.flag_spec import Flag, Program, Status
 from kvmem.cli.flag_table_cli import CLI_TABLE
 from kvmem.cli.flag_table_compat import NOOP_TABLE, REJECTED_TABLE
 from kvmem.cli.flag_table_kvmem import KV_CACHE_TABLE, KVMEM_TABLE
+from kvmem.cli.flag_table_network import NETWORK_TABLE
 from kvmem.cli.flag_table_server import SERVER_TABLE
 from kvmem.cli.flag_table_spec import SPEC_TABLE
 
 FLAGS: tuple[Flag, ...] = (
     SERVER_TABLE
+    + NETWORK_TABLE
     + CLI_TABLE
     + KV_CACHE_TABLE
     + KVMEM_TABLE

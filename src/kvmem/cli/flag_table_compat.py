@@ -11,6 +11,7 @@ handles specially.
 
 from __future__ import annotations
 
+from kvmem.cli import arg_types as t
 from kvmem.cli.flag_spec import Flag
 from kvmem.cli.flag_spec import noop as N
 from kvmem.cli.flag_spec import rejected as R
@@ -27,13 +28,33 @@ NOOP_TABLE: tuple[Flag, ...] = (
     N(("--cache-prompt", "--no-cache-prompt"),
       "no-op: the session always reuses the matching prefix"),
     N(("--warmup", "--no-warmup"), "no-op: the model is not warmed up"),
-    N(("--mlock", "--no-mmap", "--mmap"), "no-op: the model is mapped as llama.cpp decides"),
+    N(("--keep",), "no-op: nothing is shifted out of the context, so there is nothing to keep "
+      "(KVMem keeps the whole history)", t.int_in_range(-1), metavar="N"),
+    N(("--cache-reuse",), "no-op: the session reuses the matching prefix; KV shifting is not "
+      "used", t.int_in_range(0), metavar="N"),
+    N(("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"),
+      "no-op: KVMem keeps the history in its block store, not in context checkpoints",
+      t.int_in_range(0), metavar="N"),
+    N(("-sps", "--slot-prompt-similarity"),
+      "no-op: a request goes to the lane sharing its longest prefix",
+      t.float_in_range(0.0, 1.0), metavar="SIMILARITY"),
+    N(("--props",), "no-op: POST /props is not offered (GET /props is read-only)"),
+    N(("--sse-ping-interval",), "no-op: streams send no SSE ping comments",
+      t.int_in_range(-1), metavar="N"),
+    N(("--log-colors",), "no-op: the log has no colors", t.on_off_auto, metavar="on|off|auto",
+      optional_value=True),
+    N(("--log-prefix", "--no-log-prefix", "--log-timestamps", "--no-log-timestamps"),
+      "no-op: every log line has a time, a level and the logger's name"),
+    N(("--perf", "--no-perf"), "no-op: timings are always measured (the responses' timings)"),
+    N(("-dt", "--defrag-thold"), "no-op: deprecated in llama.cpp (the KV cache is not "
+      "defragmented)", t.float_in_range(), metavar="N"),
 )
 
 REJECTED_TABLE: tuple[Flag, ...] = (
-    R(("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url", "--offline",
-       "-hft", "--hf-token"),
+    R(("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url", "-hft",
+       "--hf-token"),
       "kvmem-server never downloads models: pass a local file with -m", True),
+    R(("--offline",), "kvmem-server never downloads models: pass a local file with -m"),
     R(("--embedding", "--embeddings", "--reranking", "--rerank"),
       "embeddings and reranking are not offered (kvmem-server serves generation only)"),
     R(("--pooling",), "embeddings are not offered, so there is no pooling", True),

@@ -43,7 +43,7 @@ def _int(name: str, help_text: str, default: int, shown: str | None = None) -> F
         (f"--kvmem-{name}",),
         f"kvmem_{name.replace('-', '_')}",
         help_text,
-        t.strict_int,
+        t.int32,
         default,
         metavar="N",
         shown_default=shown,

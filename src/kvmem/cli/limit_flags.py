@@ -1,6 +1,6 @@
 """Resource bounds of kvmem-server (flags `--max-body-size`, `--header-timeout`,
-`--body-timeout`, `--keep-alive-timeout`, `--max-connections`, `--cors-origins`) and the
-parsers of their values."""
+`--body-timeout`, `--keep-alive-timeout`, `--max-connections`, `-to/--timeout`,
+`--threads-http`, `--cors-*`) and the parsers of their values."""
 
 from __future__ import annotations
 
@@ -14,6 +14,11 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 60.0
 DEFAULT_KEEP_ALIVE_TIMEOUT_S = 5.0
 DEFAULT_MAX_CONNECTIONS = 1000
+# -to/--timeout: llama-server's read/write timeout (3600 s there; 600 here, because a client
+# that stops reading its stream holds a lane for that long)
+DEFAULT_TIMEOUT_S = 600
+DEFAULT_CORS_METHODS = ("GET", "POST", "DELETE", "OPTIONS")  # llama-server's
+DEFAULT_CORS_HEADERS = ("*",)
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kKmMgG]i?[bB]?|[bB])?\s*$")
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
@@ -28,6 +33,11 @@ class ServerLimits:
     keep_alive_timeout_s: float = DEFAULT_KEEP_ALIVE_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     cors_origins: tuple[str, ...] = ()  # (): same-origin only; ("*",): every origin
+    cors_methods: tuple[str, ...] = DEFAULT_CORS_METHODS
+    cors_headers: tuple[str, ...] = DEFAULT_CORS_HEADERS  # ("*",): the headers asked for
+    cors_credentials: bool = True
+    write_timeout_s: float = float(DEFAULT_TIMEOUT_S)  # a stalled response write closes
+    threads_http: int | None = None  # the worker-thread limit of blocking work; None: 40
 
 
 def byte_size(text: str) -> int:

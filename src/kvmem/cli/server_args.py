@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 FlagSpec = Flag  # the record's former name
 SERVER_FLAGS: tuple[Flag, ...] = flags_for(Program.SERVER, Status.ACTIVE)
 ServerArgumentParser = FlagArgumentParser
+USAGE = "%(prog)s [-m FNAME|NAME] [-c N] [--kvmem-budget N] [--host HOST] [--port PORT] [FLAGS...]"
 
 
 def env_bindings() -> list[EnvBinding]:
@@ -37,8 +38,15 @@ def build_server_parser() -> FlagArgumentParser:
     p = flag_parser.build_parser(
         Program.SERVER,
         "kvmem-server",
-        "OpenAI-compatible chat server with KVMem tiered KV memory, on llama.cpp.",
+        "OpenAI-compatible chat server with KVMem tiered KV memory, on llama.cpp.\n"
+        "Takes llama-server's flags: each is listed below with its meaning, or as accepted\n"
+        "with no effect, or rejected (with why).",
         fill_defaults=False,
+        usage=USAGE,
+        epilog="Examples:\n"
+        "  kvmem-server                                   # the embedded model on 127.0.0.1:8080\n"
+        "  kvmem-server -m model.gguf -c 65536 --kvmem-budget 8192 --port 8081\n"
+        "  kvmem-server -m qwen-0.5b --api-key-file keys.txt --host 0.0.0.0",
     )
     p.add_argument("--version", action="version", version=f"kvmem-server {__version__}")
     return p

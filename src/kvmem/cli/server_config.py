@@ -41,6 +41,8 @@ def trace_from_env(environ: Mapping[str, str]) -> bool:
 
 def check_gguf_file(path: str, flag: str) -> None:
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(flag, f"{path} is a directory: give a GGUF file")
     if not p.is_file():
         raise ConfigError(flag, f"file not found: {path}")
     try:
@@ -130,6 +132,49 @@ def _slot_dir(v: dict[str, Any]) -> str | None:
     return str(Path(path).resolve())
 
 
+def _load_mode(v: dict[str, Any], sources: Mapping[str, str]) -> str:
+    """-lm/--load-mode MODE, or llama.cpp's older switches: --no-mmap reads the file,
+    --mlock locks the weights in RAM (mapped unless --no-mmap too), --mmap maps it."""
+    if sources["load_mode"] != "default":
+        return str(v["load_mode"])
+    if v["mlock"]:
+        return "mlock" if v["mmap"] is False else "mmap+mlock"
+    if v["mmap"] is None:
+        return "auto"
+    return "mmap" if v["mmap"] else "none"
+
+
+def _verbosity(v: dict[str, Any], sources: Mapping[str, str]) -> int:
+    """-lv N; --log-disable silences everything; -v alone means -lv 5."""
+    if v["log_disable"]:
+        return 0
+    if v["verbose"] and sources["verbosity"] == "default":
+        return 5
+    return int(v["verbosity"])
+
+
+def _limits(v: dict[str, Any], sources: Mapping[str, str]) -> ServerLimits:
+    """The resource bounds; -to/--timeout is the body deadline unless --body-timeout is set."""
+    timeout_given = sources["timeout"] != "default"
+    body_given = sources["body_timeout"] != "default"
+    threads_http = int(v["threads_http"])
+    return ServerLimits(
+        max_body_bytes=int(v["max_body_size"]),
+        header_timeout_s=float(v["header_timeout"]),
+        body_timeout_s=float(
+            v["timeout"] if timeout_given and not body_given else v["body_timeout"]
+        ),
+        keep_alive_timeout_s=float(v["keep_alive_timeout"]),
+        max_connections=int(v["max_connections"]),
+        cors_origins=tuple(v["cors_origins"]),
+        cors_methods=tuple(v["cors_methods"]),
+        cors_headers=tuple(v["cors_headers"]),
+        cors_credentials=bool(v["cors_credentials"]),
+        write_timeout_s=float(v["timeout"]),
+        threads_http=threads_http if threads_http > 0 else None,
+    )
+
+
 def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> ServerSettings:
     v = parsed.values
     if v["metrics"] and importlib.util.find_spec("prometheus_client") is None:
@@ -171,6 +216,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         cache_types=flags.cache_types,
         kvmem=flags.kvmem,
         seed=v["seed"],
+        load_mode=_load_mode(v, parsed.sources),
         spec=spec_config_from_args(parsed.namespace),  # --spec-* (cli/spec_flags.py)
         vision=vision,
         placement=gpu_placement(v, parsed.sources, parsed.warnings),
@@ -211,9 +257,9 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         metrics=bool(v["metrics"]),
         queue_size=int(v["queue_size"]),
         parallel=lanes,
-        verbosity=5
-        if v["verbose"] and parsed.sources["verbosity"] == "default"
-        else int(v["verbosity"]),
+        verbosity=_verbosity(v, parsed.sources),
+        log_file=v["log_file"],
+        reuse_port=bool(v["reuse_port"]),
         slots_endpoint=bool(v["slots"]),
         reasoning_format=str(v["reasoning_format"]),
         trace=flags.kvmem.trace,
@@ -228,14 +274,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         tensor_split=v["tensor_split"],
         sources=sources,
         slot_save_path=_slot_dir(v),
-        limits=ServerLimits(
-            max_body_bytes=int(v["max_body_size"]),
-            header_timeout_s=float(v["header_timeout"]),
-            body_timeout_s=float(v["body_timeout"]),
-            keep_alive_timeout_s=float(v["keep_alive_timeout"]),
-            max_connections=int(v["max_connections"]),
-            cors_origins=tuple(v["cors_origins"]),
-        ),
+        limits=_limits(v, parsed.sources),
     )
 
 

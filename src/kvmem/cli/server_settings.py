@@ -44,6 +44,8 @@ class ServerSettings:
     queue_size: int = DEFAULT_QUEUE_SIZE
     parallel: int = 1  # --parallel: lanes, each its own context and KVMem session
     verbosity: int = 3
+    log_file: str | None = None  # --log-file: the log goes there too
+    reuse_port: bool = False  # --reuse-port: SO_REUSEPORT on the listening sockets
     slots_endpoint: bool = True  # --slots / --no-slots
     reasoning_format: str = "auto"  # --reasoning-format: none | auto | deepseek | deepseek-legacy
     trace: bool = False

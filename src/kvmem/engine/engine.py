@@ -67,7 +67,11 @@ class Engine:
         if model is None:
             path = resolve_model_path(settings.model_path)
             model = LlamaModel(
-                path, settings.n_gpu_layers, settings.placement, load_mtp=settings.spec.wants_mtp
+                path,
+                settings.n_gpu_layers,
+                settings.placement,
+                load_mtp=settings.spec.wants_mtp,
+                load_mode=settings.load_mode,
             )
         self.model = model
         self._check_hybrid(settings)

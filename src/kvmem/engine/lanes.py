@@ -44,7 +44,11 @@ class EngineLanes:
         settings.validate()
         path = resolve_model_path(settings.model_path)
         self.model = LlamaModel(
-            path, settings.n_gpu_layers, settings.placement, load_mtp=settings.spec.wants_mtp
+            path,
+            settings.n_gpu_layers,
+            settings.placement,
+            load_mtp=settings.spec.wants_mtp,
+            load_mode=settings.load_mode,
         )
         if n > 1:  # as llama-server's slots: each lane's context is -c / N
             total = settings.n_ctx or llama_cpp.llama_model_n_ctx_train(self.model.ptr)

@@ -68,6 +68,17 @@ def apply_placement(placement: GpuPlacement, params: Any) -> Any:
     return None
 
 
+# llama.cpp's enum llama_load_mode by its -lm/--load-mode names
+LOAD_MODES = {
+    "auto": llama_cpp.LLAMA_LOAD_MODE_AUTO,
+    "none": llama_cpp.LLAMA_LOAD_MODE_NONE,
+    "mmap": llama_cpp.LLAMA_LOAD_MODE_MMAP,
+    "mlock": llama_cpp.LLAMA_LOAD_MODE_MLOCK,
+    "mmap+mlock": llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK,
+    "dio": llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO,
+}
+
+
 class LlamaModel:
     """An owned `llama_model *` with its vocabulary."""
 
@@ -77,10 +88,13 @@ class LlamaModel:
         n_gpu_layers: int = -1,
         placement: GpuPlacement | None = None,
         load_mtp: bool = False,  # also load the nextn (MTP) layers' weights (draft-mtp)
+        *,
+        load_mode: str = "auto",  # -lm/--load-mode (--mmap/--no-mmap/--mlock): LOAD_MODES
     ) -> None:
         init_backend()
         params = llama_cpp.llama_model_default_params()
         params.load_mtp = load_mtp
+        params.load_mode = LOAD_MODES[load_mode]
         params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
         keep_alive = apply_placement(placement, params) if placement is not None else None
         # llama.cpp's CPU "extra" buffer types (weight repacking, AMX) are off unless

@@ -53,6 +53,9 @@ class EngineSettings:
     cache_types: KVCacheTypes = field(default_factory=KVCacheTypes)
     kvmem: KVMemConfig = field(default_factory=KVMemConfig)
     seed: int = -1
+    # how llama.cpp loads the weights (-lm/--load-mode; --mmap/--no-mmap/--mlock): auto,
+    # none, mmap, mlock, mmap+mlock or dio (kvmem.engine.model.LOAD_MODES)
+    load_mode: str = "auto"
     eval_gate: bool = True  # the native gate in front of the eval callback (eval_gate.py)
     # False: the main context gets no eval callback at all, so no query capture and no
     # retrieval (the window is recency); kvmem-bench decode-sweep measures what the

@@ -42,7 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", nargs="?", help="recipe name (see --list) or a recipe .json file")
     p.add_argument("--list", action="store_true", help="list the packaged recipes and exit")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--dry-run", action="store_true", help="print argv and environment as JSON")
+    mode.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print argv and environment as JSON, starting nothing; works without the model "
+        "files (the JSON's 'unchecked' lists what could not be checked)",
+    )
     mode.add_argument(
         "--restart", action="store_true", help="stop the server this launcher started, then start"
     )
@@ -91,6 +96,8 @@ def _explain(plan: Plan) -> None:
         _say(note)
     for name, value in plan.overrides.items():
         _say(f"{name}={value} (from the environment)")
+    for line in plan.unchecked:
+        _say(f"not checked: {line}")
 
 
 def _preflight(plan: Plan) -> None:
@@ -106,7 +113,7 @@ def _preflight(plan: Plan) -> None:
 def _run(ns: argparse.Namespace, extra: list[str], environ: Mapping[str, str]) -> int:
     recipe = load_recipe(ns.recipe)
     options = LaunchOptions(
-        ns.model, ns.mmproj, ns.host, ns.port, ns.api_key_file, ns.gpu_mem, tuple(extra)
+        ns.model, ns.mmproj, ns.host, ns.port, ns.api_key_file, ns.gpu_mem, tuple(extra), ns.dry_run
     )
     plan = build_plan(recipe, options, environ)
     files = ServiceFiles(plan.port)
@@ -128,6 +135,7 @@ def _run(ns: argparse.Namespace, extra: list[str], environ: Mapping[str, str]) -
                 "reason": plan.sizing.reason,
             },
             "notes": plan.notes,
+            "unchecked": plan.unchecked,  # what a dry run could not check (missing files)
             "pidfile": str(files.pidfile),
             "log": str(files.log),
         }

@@ -16,12 +16,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from kvmem.errors import ConfigError
+from kvmem.errors import ConfigError, ModelNotFoundError
 from kvmem.launch.kv_size import MIB, Sizing, file_size, parse_size, read_kv_geometry, size_budget
 from kvmem.memory.ggml_types import parse_kv_type
 
 OVERRIDES = ("MODEL", "MMPROJ", "HOST", "PORT", "API_KEY_FILE")
 SERVER_MODULE = "kvmem.server.main"
+MODEL_PLACEHOLDER = "$MODEL"  # a dry run's -m when no model is given
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,7 @@ class LaunchOptions:
     api_key_file: str | None = None
     gpu_mem: str | None = None
     extra: tuple[str, ...] = ()
+    dry_run: bool = False  # plan without the files: what could not be checked is listed
 
 
 @dataclass(slots=True)
@@ -107,6 +109,7 @@ class Plan:
     sizing: Sizing | None
     notes: list[str] = field(default_factory=list)
     overrides: dict[str, str] = field(default_factory=dict)
+    unchecked: list[str] = field(default_factory=list)  # a dry run's missing files and checks
 
     @property
     def url(self) -> str:
@@ -167,6 +170,17 @@ def _embedded_model_path() -> str:
     return default_model_path()
 
 
+def _embedded_model_file(dry_run: bool, unchecked: list[str]) -> str | None:
+    """The embedded model's file; without its package a dry run lists it as unchecked."""
+    try:
+        return _embedded_model_path()
+    except ModelNotFoundError as exc:
+        if not dry_run:
+            raise ConfigError("MODEL", str(exc)) from None
+        unchecked.append(f"model: {exc}")
+        return None
+
+
 def server_supports(flag: str) -> bool:
     """Whether kvmem-server accepts `flag` with its meaning (not merely rejects it)."""
     from kvmem.cli.compat_flags import REJECTED_FLAGS
@@ -202,20 +216,38 @@ def build_plan(recipe: Recipe, options: LaunchOptions, environ: Mapping[str, str
         raise ConfigError("PORT", f"not a port number: {port_text!r}") from None
     if not 0 < port < 65536:
         raise ConfigError("PORT", f"{port} is out of range")
+    unchecked: list[str] = []
     if model is None and not recipe.embedded_model:
-        raise ConfigError("MODEL", f"recipe {recipe.name} needs a model: {recipe.model_hint}")
+        if not options.dry_run:
+            raise ConfigError("MODEL", f"recipe {recipe.name} needs a model: {recipe.model_hint}")
+        unchecked.append(
+            f"model: MODEL is not set, so -m is the placeholder {MODEL_PLACEHOLDER}"
+            f" (the recipe wants {recipe.model_hint})"
+        )
     model = None if model is None else os.path.abspath(model)
     mmproj = None if mmproj is None else os.path.abspath(mmproj)
     key_file = None if key_file is None else os.path.abspath(key_file)
     notes: list[str] = []
     k_type, v_type = _kv_types([*recipe.args, *options.extra])
-    model_file = model or (_embedded_model_path() if options.gpu_mem else None)
+    model_file = model or (
+        _embedded_model_file(options.dry_run, unchecked)
+        if options.gpu_mem and recipe.embedded_model
+        else None
+    )
     geometry = None
     if model_file and os.path.isfile(model_file):
         geometry = read_kv_geometry(model_file)
+    elif model_file and options.dry_run:
+        unchecked.append(f"model: {model_file} not found, so its KV geometry was not read")
     sizing = None
     budget, reserve = recipe.budget, recipe.gen_reserve
-    if options.gpu_mem:
+    if options.gpu_mem and (geometry is None or model_file is None) and options.dry_run:
+        parse_size(options.gpu_mem)  # the value is still checked
+        unchecked.append(
+            f"--gpu-mem {options.gpu_mem}: not sized without the model file; the plan uses the"
+            f" recipe's budget {budget} + gen reserve {reserve}"
+        )
+    elif options.gpu_mem:
         if geometry is None or model_file is None:
             raise ConfigError("--gpu-mem", f"sizing needs the model file: {model_file} not found")
         weights = file_size(model_file) + (
@@ -263,8 +295,8 @@ def build_plan(recipe: Recipe, options: LaunchOptions, environ: Mapping[str, str
                 why.append(f"kvmem-server does not support {' '.join(recipe.mtp_args[:2])} yet")
             notes.append(f"MTP: off, dropping {' '.join(recipe.mtp_args)}: {'; '.join(why)}")
     argv = [sys.executable, "-m", SERVER_MODULE]
-    if model:
-        argv += ["-m", model]
+    if model or not recipe.embedded_model:
+        argv += ["-m", model or MODEL_PLACEHOLDER]
     if mmproj:
         argv += ["--mmproj", mmproj, *recipe.mmproj_args]
     argv += [*recipe.args, "--kvmem-budget", str(budget), "--kvmem-gen-reserve", str(reserve)]
@@ -272,4 +304,14 @@ def build_plan(recipe: Recipe, options: LaunchOptions, environ: Mapping[str, str
     if key_file:
         argv += ["--api-key-file", key_file]
     argv += ["--host", host, "--port", str(port), *options.extra]
-    return Plan(recipe.name, argv, host, port, model, mmproj, key_file, sizing, notes, used)
+    plan = Plan(recipe.name, argv, host, port, model, mmproj, key_file, sizing, notes, used)
+    if options.dry_run:
+        unchecked += [
+            f"{what}: {path} not found"
+            for what, path in plan.files()
+            if what != "model" and not os.path.exists(path)
+        ]
+        if recipe.mtp_args and geometry is None:
+            unchecked.append("MTP head: the model file was not read, so MTP is left off")
+    plan.unchecked = unchecked
+    return plan

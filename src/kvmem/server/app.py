@@ -12,16 +12,17 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from anyio import to_thread
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
 from kvmem.chat.protocol import ChatEngine, ModelInfoLike
 from kvmem.chat.template import ChatTemplate
 from kvmem.server.anthropic_api import anthropic_router
 from kvmem.server.auth import ApiKeyChecker
-from kvmem.server.body_guard import BodyGuard, cors_options
+from kvmem.server.body_guard import BodyGuard
 from kvmem.server.completion_routes import completion_router
+from kvmem.server.cors import Cors
 from kvmem.server.error_map import install_error_handlers
 from kvmem.server.header_case import HeaderCase
 from kvmem.server.metrics import ServerMetrics
@@ -103,6 +104,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if settings.limits.threads_http is not None:  # --threads-http
+            to_thread.current_default_thread_limiter().total_tokens = settings.limits.threads_http
         worker.start()
         try:
             yield
@@ -127,7 +130,7 @@ def create_app(
         body_timeout_s=limits.body_timeout_s,
         on_error=on_error,
     )
-    app.add_middleware(CORSMiddleware, **cors_options(limits.cors_origins))
+    app.add_middleware(Cors, limits=limits)  # OPTIONS answered before auth and routing
     app.add_middleware(HeaderCase)  # outermost: llama-server's Access-Control-* casing
     install_error_handlers(app)
     app.include_router(health_router)

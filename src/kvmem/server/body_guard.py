@@ -215,24 +215,3 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
-
-
-LOCALHOST_ORIGIN = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?"
-
-
-def cors_options(origins: tuple[str, ...]) -> dict[str, Any]:
-    """CORSMiddleware options for `--cors-origins`: the listed origins are reflected with
-    credentials allowed (llama-server's semantics), `*` reflects every origin, `localhost`
-    every origin on the local host (CORSMiddleware matches the whole origin), and none
-    (the default) allows no cross-origin reader: the chat page, served from the same
-    origin, needs no CORS."""
-    common: dict[str, Any] = {
-        "allow_methods": ["*"],
-        "allow_headers": ["*"],
-        "allow_credentials": True,
-    }
-    if origins == ("*",):
-        return {**common, "allow_origin_regex": ".*"}
-    if origins == ("localhost",):
-        return {**common, "allow_origin_regex": LOCALHOST_ORIGIN}
-    return {**common, "allow_origins": list(origins)}

@@ -5,6 +5,10 @@
   is closed. uvicorn's own keep-alive timer stops at the first byte, so without this a
   client trickling headers at 1 byte/s holds its connection (and a file descriptor)
   forever.
+- Write timeout (`-to/--timeout`, llama-server's write timeout): when the client stops
+  reading and the socket's buffer stays full for that many seconds, the connection is
+  aborted; the app then sees the disconnect and ends the generation, so a stalled reader
+  cannot hold a lane forever.
 - Connection limit: past `--max-connections` open connections, new ones are closed at
   once. The limit is kept below the process's file-descriptor limit (raised to its hard
   limit at startup), so the accept loop never runs out of descriptors.
@@ -40,11 +44,37 @@ def effective_connection_limit(requested: int, fd_limit: int) -> int:
     return max(1, min(requested, fd_limit - FD_RESERVE))
 
 
-def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[H11Protocol]:
+def guarded_protocol(
+    header_timeout_s: float, max_connections: int, write_timeout_s: float | None = None
+) -> type[H11Protocol]:
     """An H11Protocol subclass with these bounds (uvicorn instantiates it per connection)."""
 
     class GuardedH11Protocol(H11Protocol):
         _last_refusal_log = 0.0
+        _write_timer: Any = None
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if write_timeout_s is not None and self._write_timer is None:
+                self._write_timer = self.loop.call_later(write_timeout_s, self._write_stalled)
+
+        def resume_writing(self) -> None:
+            self._cancel_write_timer()
+            super().resume_writing()
+
+        def _cancel_write_timer(self) -> None:
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+
+        def _write_stalled(self) -> None:
+            self._write_timer = None
+            if self.flow.write_paused:
+                logger.info(
+                    "closing a connection whose client read nothing for %g s (--timeout)",
+                    write_timeout_s,
+                )
+                self.transport.abort()
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -66,6 +96,7 @@ def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[H11P
                 self._arm_header_timer()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_write_timer()
             timer = getattr(self, "_header_timer", None)
             if timer is not None:
                 timer.cancel()

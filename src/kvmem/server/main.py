@@ -83,7 +83,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"kvmem-server: error: {exc}\n")
         return EXIT_CONFIG
-    configure_logging(settings.verbosity)
+    try:
+        configure_logging(settings.verbosity, settings.log_file)
+    except OSError as exc:
+        sys.stderr.write(
+            f"kvmem-server: error: --log-file: cannot open {settings.log_file}: "
+            f"{exc.strerror or exc}\n"
+        )
+        return EXIT_CONFIG
     for warning in warnings:
         logger.warning("%s", warning)
     try:
@@ -96,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sockets = []
     for host in settings.hosts:
         try:
-            sockets.append(bind_socket(host, settings.port))
+            sockets.append(bind_socket(host, settings.port, settings.reuse_port))
         except OSError as exc:
             for sock in sockets:
                 sock.close()
@@ -142,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lifespan="on",
         timeout_graceful_shutdown=5,
         timeout_keep_alive=max(1, round(limits.keep_alive_timeout_s)),
-        http=guarded_protocol(limits.header_timeout_s, max_connections),
+        http=guarded_protocol(limits.header_timeout_s, max_connections, limits.write_timeout_s),
         ws="none",
     )
     server = _Server(config, on_signal=lambda: app.state.kvmem.worker.cancel_all())

@@ -41,14 +41,18 @@ _LLAMA_LEVELS = {
 }
 
 
-def configure_logging(verbosity: int) -> None:
-    """One stderr handler for kvmem, llama.cpp and uvicorn, at the levels of `-lv`."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%H:%M:%S"))
+def configure_logging(verbosity: int, log_file: str | None = None) -> None:
+    """One stderr handler for kvmem, llama.cpp and uvicorn, at the levels of `-lv`, and
+    one appending to `log_file` (--log-file) when given; OSError if it cannot be opened."""
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file is not None:
+        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-    root.addHandler(handler)
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%H:%M:%S"))
+        root.addHandler(handler)
     root.setLevel(_KVMEM_LEVELS[verbosity])
     logging.getLogger("kvmem").setLevel(_KVMEM_LEVELS[verbosity])
     logging.getLogger("llama_cpp").setLevel(_LLAMA_LEVELS[verbosity])
@@ -59,13 +63,16 @@ def configure_logging(verbosity: int) -> None:
         logging.getLogger(name).setLevel(uvicorn_level)
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port; OSError when the address cannot be bound."""
+def bind_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A listening socket on host:port (SO_REUSEPORT with `reuse_port`); OSError when the
+    address cannot be bound."""
     host = host.strip("[]")  # an IPv6 literal may come bracketed
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         sock.listen(128)
     except OSError:
@@ -120,6 +127,22 @@ def requested_record(settings: ServerSettings) -> dict[str, Any]:
         "kvmem_block_tokens": e.kvmem.block_tokens,
         "vision": settings.mmproj is not None,
         "chat_template": settings.chat_template_origin,
+        **_network_fields(settings),
+    }
+
+
+def _network_fields(settings: ServerSettings) -> dict[str, Any]:
+    """-to/--timeout, --threads-http and the other connection bounds, as they apply."""
+    lim = settings.limits
+    return {
+        "timeouts_s": {
+            "header": lim.header_timeout_s,
+            "body": lim.body_timeout_s,
+            "write": lim.write_timeout_s,
+            "keep_alive": lim.keep_alive_timeout_s,
+        },
+        "threads_http": lim.threads_http or "auto",
+        "cors_origins": list(lim.cors_origins),
     }
 
 

@@ -1,0 +1,105 @@
+"""A llama-server launch line starts kvmem-server (issue 30): `--timeout`, `--threads-http`,
+the no-op flags with values, `--log-file`; CORS preflights are answered 200 before
+authentication, with Access-Control-Allow-Origin only for the allowed origins."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.conftest import LiveServer, start_server
+
+pytestmark = pytest.mark.slow
+
+KEY = "sk-launch-line"
+PAGE = "http://localhost:5173"
+LAUNCH_LINE = (
+    "-c", "2048", "-t", "2", "--timeout", "45", "--threads-http", "3", "-cb",
+    "--cache-reuse", "256", "--ctx-checkpoints", "8", "--keep", "-1", "--log-colors", "off",
+    "--no-mmap", "--props", "--api-key", KEY, "--cors-origins", PAGE, "--kvmem-trace",
+)  # fmt: skip
+ASK = {
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "authorization, content-type",
+}
+
+
+@pytest.fixture(scope="module")
+def launch_line_server(server_logs: Path) -> Iterator[tuple[LiveServer, Path]]:
+    log_file = server_logs / "launch-line.log"
+    server = start_server([*LAUNCH_LINE, "--log-file", str(log_file)], server_logs)
+    yield server, log_file
+    assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_the_launch_line_starts_with_its_timeouts_and_http_threads(
+    launch_line_server: tuple[LiveServer, Path],
+) -> None:
+    server, log_file = launch_line_server
+    found = re.search(r"^KVMEM_STARTUP requested=(\{.*\})$", server.log(), re.M)
+    assert found, server.log()[-3000:]
+    record = json.loads(found.group(1))
+    assert record["timeouts_s"] == {"header": 10.0, "body": 45.0, "write": 45.0, "keep_alive": 5.0}
+    assert record["threads_http"] == 3
+    assert record["cors_origins"] == [PAGE]
+    assert "server is listening on http://127.0.0.1" in log_file.read_text()
+
+
+def test_preflight_is_public_and_reflects_only_the_allowed_origin(
+    launch_line_server: tuple[LiveServer, Path],
+) -> None:
+    server, _ = launch_line_server
+    with server.http() as http:
+        ok = http.options("/v1/chat/completions", headers={"Origin": PAGE, **ASK})
+        assert ok.status_code == 200 and ok.content == b""
+        assert ok.headers["Access-Control-Allow-Origin"] == PAGE
+        assert ok.headers["Access-Control-Allow-Methods"] == "GET, POST, DELETE, OPTIONS"
+        assert ok.headers["Access-Control-Allow-Headers"] == "authorization, content-type"
+        assert ok.headers["Access-Control-Allow-Credentials"] == "true"
+        other = http.options(
+            "/v1/chat/completions", headers={"Origin": "http://evil.example", **ASK}
+        )
+        assert other.status_code == 200
+        assert "Access-Control-Allow-Origin" not in other.headers
+        bare = http.options("/v1/models")
+        assert bare.status_code == 200 and "Access-Control-Allow-Origin" not in bare.headers
+        # the request the preflight allowed: with the key it is served, with the origin's header
+        r = http.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+            headers={"Origin": PAGE, "Authorization": f"Bearer {KEY}"},
+        )
+        assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == PAGE
+        denied = http.get("/v1/models", headers={"Origin": PAGE})
+        assert denied.status_code == 401
+
+
+def test_preflight_on_a_server_without_keys_or_origins(main_server: LiveServer) -> None:
+    r = httpx.options(
+        main_server.base_url + "/v1/chat/completions",
+        headers={"Origin": PAGE, **ASK},
+        timeout=30,
+    )
+    assert r.status_code == 200  # answered, but no origin is allowed by default
+    assert "Access-Control-Allow-Origin" not in r.headers
+    assert r.headers["Access-Control-Allow-Methods"] == "GET, POST, DELETE, OPTIONS"
+
+
+def _maps_model(server: LiveServer) -> bool:
+    from kvmem.engine.model_path import default_model_path
+
+    model = str(Path(default_model_path()).resolve())
+    return model in Path(f"/proc/{server.proc.pid}/maps").read_text()
+
+
+def test_no_mmap_reads_the_model_instead_of_mapping_it(
+    launch_line_server: tuple[LiveServer, Path], main_server: LiveServer
+) -> None:
+    server, _ = launch_line_server
+    assert _maps_model(main_server)  # llama.cpp's default: the GGUF is mapped
+    assert not _maps_model(server)  # --no-mmap: read into buffers, the file is not mapped
