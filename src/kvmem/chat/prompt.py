@@ -197,7 +197,7 @@ def _spans(
     if first is not None:
         loc = found[first]
         if loc is not None:
-            out.control_end = loc.header if loc.anchored else loc.start
+            out.control_end = (loc.header if loc.anchored else loc.start) or None
         elif _has_text(messages[first]):
             missing.append("control")
     if out.has_trajectory and index is not None:
