@@ -98,12 +98,11 @@ def mask_for(pattern: re.Pattern[str] | None, inputs: Any, avoid: str = "") -> M
     if pattern is None:
         return None
     found: set[str] = set()
-    used: set[str] = set(avoid)
     for s in _strings(inputs):
         found.update(m.group(0) for m in pattern.finditer(s))
-        used.update(s)
     if not found:
         return None
+    used = set(avoid).union(*_strings(inputs))
     stand_ins: dict[str, str] = {}
     code = _STAND_IN_BASE
     for text in sorted(found):

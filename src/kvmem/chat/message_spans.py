@@ -16,6 +16,9 @@ default system prompt or an earlier message holding the same words lies before i
 the text between a content and the next header is the template's short turn end. Control
 tokens typed in a message are masked before the render (`kvmem.chat.markup`), so a header
 that holds the template's control tokens cannot be matched inside a message.
+
+`prompt_char_spans` turns the located messages into the prompt's spans (query, control
+text, trajectory, last message) and names those that should exist but were not found.
 """
 
 from __future__ import annotations
@@ -24,9 +27,16 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from kvmem.chat.messages import last_user_index
 from kvmem.chat.template_layout import TemplateLayout
 
 _NEAREST = 8  # occurrences of a core tried for one right after its role's header
+
+
+@dataclass(frozen=True, slots=True)
+class CharSpan:
+    start: int
+    end: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,3 +153,74 @@ def locate_messages(
             found[i] = anchored[0] if anchored else max(candidates, key=lambda c: c.start)
             hi = found[i].header  # type: ignore[union-attr]
     return found
+
+
+@dataclass(slots=True)
+class CharSpans:
+    """A prompt's spans in characters of its rendering (see `prompt_char_spans`)."""
+
+    query: CharSpan | None = None
+    control_end: int | None = None
+    trajectory_start: int | None = None
+    live_start: int | None = None
+    has_trajectory: bool = False
+    unlocated: tuple[str, ...] = ()
+
+
+def _has_text(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, str) and bool(content.strip())
+
+
+def prompt_char_spans(
+    messages: list[dict[str, Any]], found: list[Located | None], prefill_at: int | None
+) -> CharSpans:
+    """The prompt's character spans from the located messages.
+
+    - query: the last user message's content, as the template wrote it (trimmed or not).
+    - control end: where the first non-system message's turn begins. When its content
+      follows its role header directly (`<|im_start|>user\n` + content) the control text
+      ends where that header starts: after the system turn, its tool definitions and its
+      turn end. This is the end of a system-only rendering, which is how it was found
+      before, without rendering twice; with no system message it is the start of the
+      first header (a default system prompt, the tool definitions or BOS before it). When
+      the content does not follow the header (gemma and llama2 fold the system text into
+      the first user turn, Llama-3.3 writes the tool definitions into it), the control
+      text ends where that content begins, so the system text and the tools stay in it.
+    - trajectory start: the end of the query (or, without one, the header of the message
+      after the last user message); the last message starts at its content (or at the
+      prefill, the last message the model continues).
+    """
+    out = CharSpans()
+    missing: list[str] = []
+    index = last_user_index(messages)
+    out.has_trajectory = index is not None and index < len(messages) - 1
+    if index is not None:
+        loc = found[index]
+        if loc is not None:
+            out.query = CharSpan(loc.start, loc.end)
+        elif _has_text(messages[index]):
+            missing.append("query")
+    first = next((k for k, m in enumerate(messages) if m["role"] != "system"), None)
+    if first is not None:
+        loc = found[first]
+        if loc is not None:
+            out.control_end = (loc.header if loc.anchored else loc.start) or None
+        elif _has_text(messages[first]):
+            missing.append("control")
+    if out.has_trajectory and index is not None:
+        after = found[index + 1]
+        if out.query is not None:
+            out.trajectory_start = out.query.end
+        elif after is not None:
+            out.trajectory_start = after.header
+        elif _has_text(messages[index + 1]):
+            missing.append("trajectory")
+    if prefill_at is not None:
+        out.live_start = prefill_at
+    elif messages and found[-1] is not None:
+        out.live_start = found[-1].start  # type: ignore[union-attr]
+    elif messages and _has_text(messages[-1]):
+        missing.append("live")
+    out.unlocated = tuple(missing)
+    return out

@@ -26,8 +26,8 @@ from typing import Any
 
 from kvmem.chat.images import PromptImage
 from kvmem.chat.markup import Mask, markup_spans, mask_for, special_pattern
-from kvmem.chat.message_spans import Located, locate_messages
-from kvmem.chat.messages import last_user_index, normalize_messages
+from kvmem.chat.message_spans import CharSpan, locate_messages, prompt_char_spans
+from kvmem.chat.messages import normalize_messages
 from kvmem.chat.protocol import ChatEngine
 from kvmem.chat.reasoning import prompt_opens_reasoning
 from kvmem.chat.template import ChatTemplate
@@ -35,12 +35,6 @@ from kvmem.errors import InvalidRequestError
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class CharSpan:
-    start: int
-    end: int
 
 
 @dataclass(slots=True)
@@ -85,7 +79,8 @@ def render_prompt(
     if "enable_thinking" not in kwargs and "enable_thinking" in template.source:
         kwargs["enable_thinking"] = True  # llama-server's --reasoning auto: on where offered
     pattern = special_pattern(getattr(template, "special_texts", ()))
-    mask = mask_for(pattern, (messages, tools, kwargs), template.source)
+    avoid = template.source + template.bos_token + template.eos_token
+    mask = mask_for(pattern, (messages, tools, kwargs), avoid)
     shown = _Masked(mask, messages, tools, kwargs)
     raw = template.render(
         shown.messages,
@@ -100,8 +95,6 @@ def render_prompt(
         opens = False
     generated = len(raw)  # the rendering without the prefill
     raw += shown.prefill(prefill)
-    if prefill:
-        opens = prompt_opens_reasoning(raw, template.reasoning)
     limit = generated
     gen = template.layout.generation_prompt
     if add_generation_prompt and gen and raw.startswith(gen, generated - len(gen)):
@@ -109,7 +102,9 @@ def render_prompt(
     found = locate_messages(raw, shown.messages, template.layout, limit)
     restored = mask.restore(raw) if mask is not None else None
     text = restored.text if restored is not None else raw
-    spans = _spans(messages, found, prefill_at=generated if prefill else None)
+    if prefill:  # the model continues the prefill: does it leave a thinking block open?
+        opens = prompt_opens_reasoning(text, template.reasoning)
+    spans = prompt_char_spans(messages, found, prefill_at=generated if prefill else None)
     rendered = RenderedPrompt(
         text=text,
         query_chars=spans.query,
@@ -147,75 +142,6 @@ class _Masked:
 
     def prefill(self, text: str) -> str:
         return self.mask.apply(text) if self.mask and text else text
-
-
-@dataclass(slots=True)
-class _CharSpans:
-    query: CharSpan | None = None
-    control_end: int | None = None
-    trajectory_start: int | None = None
-    live_start: int | None = None
-    has_trajectory: bool = False
-    unlocated: tuple[str, ...] = ()
-
-
-def _has_text(message: dict[str, Any]) -> bool:
-    content = message.get("content")
-    return isinstance(content, str) and bool(content.strip())
-
-
-def _spans(
-    messages: list[dict[str, Any]], found: list[Located | None], prefill_at: int | None
-) -> _CharSpans:
-    """The prompt's character spans from the located messages.
-
-    - query: the last user message's content, as the template wrote it (trimmed or not).
-    - control end: where the first non-system message's turn begins. When its content
-      follows its role header directly (`<|im_start|>user\n` + content) the control text
-      ends where that header starts: after the system turn, its tool definitions and its
-      turn end. This is the end of a system-only rendering, which is how it was found
-      before, without rendering twice; with no system message it is the start of the
-      first header (a default system prompt, the tool definitions or BOS before it). When
-      the content does not follow the header (gemma and llama2 fold the system text into
-      the first user turn, Llama-3.3 writes the tool definitions into it), the control
-      text ends where that content begins, so the system text and the tools stay in it.
-    - trajectory start: the end of the query (or, without one, the header of the message
-      after the last user message); the last message starts at its content (or at the
-      prefill, the last message the model continues).
-    """
-    out = _CharSpans()
-    missing: list[str] = []
-    index = last_user_index(messages)
-    out.has_trajectory = index is not None and index < len(messages) - 1
-    if index is not None:
-        loc = found[index]
-        if loc is not None:
-            out.query = CharSpan(loc.start, loc.end)
-        elif _has_text(messages[index]):
-            missing.append("query")
-    first = next((k for k, m in enumerate(messages) if m["role"] != "system"), None)
-    if first is not None:
-        loc = found[first]
-        if loc is not None:
-            out.control_end = (loc.header if loc.anchored else loc.start) or None
-        elif _has_text(messages[first]):
-            missing.append("control")
-    if out.has_trajectory and index is not None:
-        after = found[index + 1]
-        if out.query is not None:
-            out.trajectory_start = out.query.end
-        elif after is not None:
-            out.trajectory_start = after.header
-        elif _has_text(messages[index + 1]):
-            missing.append("trajectory")
-    if prefill_at is not None:
-        out.live_start = prefill_at
-    elif messages and found[-1] is not None:
-        out.live_start = found[-1].start  # type: ignore[union-attr]
-    elif messages and _has_text(messages[-1]):
-        missing.append("live")
-    out.unlocated = tuple(missing)
-    return out
 
 
 def tokenize_prompt(engine: ChatEngine, rendered: RenderedPrompt) -> PromptTokens:
