@@ -101,9 +101,7 @@ def template(name: str) -> ChatTemplate:
     return ChatTemplate(SOURCES[name], bos_token="<s>", eos_token="</s>", special_texts=SPECIALS)
 
 
-def conversation(
-    task: str, *, system: bool, trajectory: bool, ws: str, tools: bool
-) -> list[dict[str, Any]]:
+def conversation(task: str, *, system: bool, trajectory: bool, ws: str) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     if system:
         messages.append({"role": "system", "content": ws.format("Be brief.")})
@@ -196,12 +194,11 @@ def test_spans_equal_the_prefix_reference_with_one_render(
 ) -> None:
     tpl = template(name)
     tools = TOOLS if with_tools else None
-    failures = []
+    failures: list[tuple[object, ...]] = []
+    clean_markup = 0
     for ws in WHITESPACE:
         for task in (ws.format(TASK), ws.format(TASK + TYPED)):
-            messages = conversation(
-                task, system=system, trajectory=trajectory, ws=ws, tools=with_tools
-            )
+            messages = conversation(task, system=system, trajectory=trajectory, ws=ws)
             before = tpl.counters.renders
             rendered = render_prompt(tpl, messages, tools=tools)
             assert tpl.counters.renders == before + 1, "one render per request"
@@ -225,24 +222,18 @@ def test_spans_equal_the_prefix_reference_with_one_render(
                 ),
                 "unlocated": (rendered.unlocated, ()),
             }
-            for what, (actual, expected) in checks.items():
-                if actual != expected:
-                    failures.append(
-                        (
-                            repr(task),
-                            what,
-                            actual,
-                            expected,
-                            query,
-                            ref,
-                            rendered.control_end,
-                            controls,
-                        )
-                    )
-            q0, q1 = ref
-            typed = [(a, b) for a, b in rendered.markup if q0 <= a < q1]
+            failures += [
+                (repr(task), what, actual, expected, query, ref)
+                for what, (actual, expected) in checks.items()
+                if actual != expected
+            ]
+            # typed control tokens stay text: the template's own markup is all there is
+            typed = [(a, b) for a, b in rendered.markup if ref[0] <= a < ref[1]]
             if typed:
-                failures.append((repr(task), "typed control tokens marked special", typed, []))
+                failures.append((repr(task), "typed control tokens marked special", typed))
+            if TYPED in task and len(rendered.markup) != clean_markup:
+                failures.append((repr(task), "markup count", len(rendered.markup), clean_markup))
+            clean_markup = len(rendered.markup)
     assert not failures, failures[:5]
 
 
@@ -251,7 +242,7 @@ def test_query_tokens_are_the_task_text(name: str) -> None:
     engine = FakeEngine()  # one token per character
     tpl = template(name)
     task = "Fix the bug in parser.py.\n"  # issue 33: llama3 lost this one
-    messages = conversation(task, system=True, trajectory=True, ws="{}", tools=True)
+    messages = conversation(task, system=True, trajectory=True, ws="{}")
     prompt = tokenize_prompt(engine, render_prompt(tpl, messages, tools=TOOLS))
     assert prompt.spans is not None and prompt.query is not None
     text = engine.detokenize(prompt.tokens[prompt.query.start : prompt.query.end])
@@ -292,7 +283,7 @@ def test_a_template_that_drops_the_content_says_so() -> None:
 
 def test_qwen35_control_text_without_a_system_only_render() -> None:
     tpl = template("Qwen3.5-4B")
-    messages = conversation("Go.", system=True, trajectory=False, ws="{}", tools=False)
+    messages = conversation("Go.", system=True, trajectory=False, ws="{}")
     with pytest.raises(TemplateError, match="No user query"):
         tpl._render(messages[:1], add_generation_prompt=False)  # what the old way tried
     rendered = render_prompt(tpl, messages)
