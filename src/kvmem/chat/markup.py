@@ -2,30 +2,27 @@
 
 Control tokens (`<|im_start|>`, `<|im_end|>`, ...) typed in a message, a tool result, a
 tool definition or tool-call arguments must stay text: otherwise anyone who can put text
-in the conversation can forge role boundaries. The rendered prompt is one string, so the
-occurrences are told apart by rendering a second time with every control-token text in
-the request's strings replaced by private-use characters of the same length: an
-occurrence that survives that render at the same offset was written by the template.
+in the conversation can forge role boundaries. The prompt is rendered once, and the
+occurrences are told apart in that one render: before it, every control-token text in the
+request's strings is replaced by a run of one private-use character of the same length
+(one character per control-token text, chosen so that it occurs nowhere in the request
+or the template). An occurrence in the render was written by the template; each run of a
+stand-in character is written back as the text it stands for and stays plain text.
 
-When no request string holds a control-token text (the common case) the second render
-is skipped and every occurrence is markup. A template that changes the length of the
-text around the replaced strings (so offsets no longer line up) makes the request a 400:
-its control tokens cannot be kept apart safely.
+When no request string holds a control-token text (the common case) nothing is replaced
+and every occurrence is markup.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from kvmem.errors import InvalidRequestError
-
-NEUTRAL = "\ue000"  # a private-use character: never template markup
-
-_NEUTRAL_RUN = re.compile(NEUTRAL + "+")
-
 Span = tuple[int, int]
+
+_STAND_IN_BASE = 0xF0000  # Supplementary Private Use Area-A: never template markup
 
 
 def special_pattern(texts: tuple[str, ...]) -> re.Pattern[str] | None:
@@ -36,65 +33,100 @@ def special_pattern(texts: tuple[str, ...]) -> re.Pattern[str] | None:
     return re.compile("|".join(re.escape(t) for t in ordered))
 
 
-def _holds(value: Any, pattern: re.Pattern[str]) -> bool:
+def _strings(value: Any) -> Iterator[str]:
     stack = [value]
     while stack:
         node = stack.pop()
         if isinstance(node, str):
-            if pattern.search(node):
-                return True
+            yield node
         elif isinstance(node, dict):
             stack.extend(node.values())
+            stack.extend(k for k in node if isinstance(k, str))
         elif isinstance(node, (list, tuple)):
             stack.extend(node)
-    return False
 
 
-def neutralize(value: Any, pattern: re.Pattern[str]) -> Any:
-    """`value` with every control-token text in its strings replaced by NEUTRAL runs."""
-    if isinstance(value, str):
-        return pattern.sub(lambda m: NEUTRAL * len(m.group(0)), value)
-    if isinstance(value, dict):
-        return {k: neutralize(v, pattern) for k, v in value.items()}
-    if isinstance(value, list):
-        return [neutralize(v, pattern) for v in value]
-    if isinstance(value, tuple):
-        return tuple(neutralize(v, pattern) for v in value)
-    return value
+@dataclass(slots=True)
+class Unmasked:
+    """A render written back: the text, and the ranges that were typed control tokens."""
+
+    text: str
+    typed: tuple[Span, ...]
+
+
+class Mask:
+    """Stand-ins for the control-token texts a request holds (`mask_for`)."""
+
+    def __init__(self, pattern: re.Pattern[str], stand_ins: dict[str, str]) -> None:
+        self.pattern = pattern
+        self.stand_ins = stand_ins  # control-token text -> its stand-in character
+        self.texts = {ch: text for text, ch in stand_ins.items()}
+        self._runs = re.compile("|".join(f"{re.escape(ch)}+" for ch in self.texts))
+
+    def apply(self, value: Any) -> Any:
+        """`value` with every control-token text in its strings replaced by its stand-ins."""
+        if isinstance(value, str):
+            return self.pattern.sub(lambda m: self.stand_ins[m.group(0)] * len(m.group(0)), value)
+        if isinstance(value, dict):
+            return {k: self.apply(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.apply(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(self.apply(v) for v in value)
+        return value
+
+    def restore(self, rendered: str) -> Unmasked:
+        """Each stand-in run written back as the control-token text(s) it replaced (a run a
+        template cut short keeps the text's first characters: offsets never move)."""
+        parts: list[str] = []
+        typed: list[Span] = []
+        pos = 0
+        for run in self._runs.finditer(rendered):
+            text = self.texts[run.group(0)[0]]
+            n = run.end() - run.start()
+            parts += [rendered[pos : run.start()], (text * (n // len(text) + 1))[:n]]
+            typed.append(run.span())
+            pos = run.end()
+        parts.append(rendered[pos:])
+        return Unmasked("".join(parts), tuple(typed))
+
+
+def mask_for(pattern: re.Pattern[str] | None, inputs: Any, avoid: str = "") -> Mask | None:
+    """A mask for the control-token texts that `inputs` hold (None: they hold none).
+
+    The stand-in characters occur nowhere in `inputs` or `avoid` (the template source)."""
+    if pattern is None:
+        return None
+    found: set[str] = set()
+    for s in _strings(inputs):
+        found.update(m.group(0) for m in pattern.finditer(s))
+    if not found:
+        return None
+    used = set(avoid).union(*_strings(inputs))
+    stand_ins: dict[str, str] = {}
+    code = _STAND_IN_BASE
+    for text in sorted(found):
+        while chr(code) in used:
+            code += 1
+        stand_ins[text] = chr(code)
+        code += 1
+    return Mask(pattern, stand_ins)
 
 
 def markup_spans(
-    text: str,
-    pattern: re.Pattern[str] | None,
-    inputs: Any,
-    render_neutral: Callable[[Callable[[Any], Any]], str],
+    text: str, pattern: re.Pattern[str] | None, typed: tuple[Span, ...] = ()
 ) -> tuple[Span, ...]:
-    """The [start, end) spans of `text` that are the template's control tokens.
-
-    `inputs` are the request's values the template rendered (messages, tools, kwargs);
-    `render_neutral(transform)` renders them again with `transform` applied to each.
-    """
+    """The [start, end) spans of `text` that are the template's control tokens: every
+    occurrence of a control-token text that overlaps none of the `typed` ranges."""
     if pattern is None:
         return ()
     found = [m.span() for m in pattern.finditer(text)]
-    if not found or not _holds(inputs, pattern):
-        return tuple(found)
-    neutral = render_neutral(lambda value: neutralize(value, pattern))
-    if len(neutral) != len(text) or not _aligned(text, neutral):
-        raise InvalidRequestError(
-            "a message holds the text of a control token of this model's chat template "
-            "(such as " + repr(pattern.search(text).group(0)) + "), and this template "  # type: ignore[union-attr]
-            "rewrites messages in a way that cannot keep it apart from the template's own",
-            "messages",
-        )
-    return tuple((a, b) for a, b in found if neutral[a:b] == text[a:b])
-
-
-def _aligned(text: str, neutral: str) -> bool:
-    """The two renders differ only where the neutral one has NEUTRAL characters."""
-    pos = 0
-    for run in _NEUTRAL_RUN.finditer(neutral):
-        if neutral[pos : run.start()] != text[pos : run.start()]:
-            return False
-        pos = run.end()
-    return neutral[pos:] == text[pos:]
+    kept: list[Span] = []
+    j = 0  # both lists ascend: one merge pass
+    for a, b in found:
+        while j < len(typed) and typed[j][1] <= a:
+            j += 1
+        if j < len(typed) and typed[j][0] < b:
+            continue
+        kept.append((a, b))
+    return tuple(kept)

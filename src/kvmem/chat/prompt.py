@@ -1,43 +1,40 @@
 """Messages -> prompt text -> tokens, with the spans the KVMem window treats specially.
 
-The spans: the control text (everything before the first non-system message: the system
-prompt and the tool definitions), the task (the last role=user message), the live
-trajectory after it (assistant tool calls and tool results) and the last message. The
-task is located by rendering the conversation up to and including it; each character
-span is mapped onto the tokens of the prompt.
+The spans: the control text (the system prompt and the tool definitions), the task (the
+last role=user message: the query), the live trajectory after it (assistant tool calls
+and tool results) and the last message. The template is rendered once per request, and
+every message's content is located in that one rendering (`kvmem.chat.message_spans`:
+trimmed and JSON-encoded forms, right after the role's header where the template has
+one); each character span is then mapped onto the tokens of the prompt. A span that
+should exist but is not found is named in `RenderedPrompt.unlocated`: logged, counted
+in the template's counters (/props) and carried to the engine (its trace says so).
 
 Tokenization happens once per request. Only the template's own control tokens are special
-(`kvmem.chat.markup` finds them); every other character, including a control-token text
-typed in a message, is tokenized as plain text. The prompt is cut at the markup tokens
-(where llama.cpp's tokenizer cuts it anyway) and each piece is tokenized on its own, so a
-prompt without forged tokens gets exactly the tokens a whole-text tokenization gives, and
-the next turn, which renders the same prefix, gets the same prefix tokens (KV reuse).
-The query span's token boundaries come from the tokens' byte lengths.
+(`kvmem.chat.markup` finds them in the same rendering); every other character, including
+a control-token text typed in a message, is tokenized as plain text. The prompt is cut at
+the markup tokens (where llama.cpp's tokenizer cuts it anyway) and each piece is tokenized
+on its own, so a prompt without forged tokens gets exactly the tokens a whole-text
+tokenization gives, and the next turn, which renders the same prefix, gets the same prefix
+tokens (KV reuse). Span token boundaries come from the tokens' byte lengths.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kvmem.chat.images import PromptImage
-from kvmem.chat.markup import markup_spans, special_pattern
-from kvmem.chat.messages import last_user_index, normalize_messages
+from kvmem.chat.markup import Mask, markup_spans, mask_for, special_pattern
+from kvmem.chat.message_spans import CharSpan, locate_messages, prompt_char_spans
+from kvmem.chat.messages import normalize_messages
 from kvmem.chat.protocol import ChatEngine
 from kvmem.chat.reasoning import prompt_opens_reasoning
 from kvmem.chat.template import ChatTemplate
-from kvmem.errors import InvalidRequestError, TemplateError
+from kvmem.errors import InvalidRequestError
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class CharSpan:
-    start: int
-    end: int
 
 
 @dataclass(slots=True)
@@ -48,9 +45,11 @@ class RenderedPrompt:
     control_end: int | None = None  # the control text is text[:control_end]
     live_start: int | None = None  # the last message's text starts here
     has_trajectory: bool = False  # messages follow the last user message
+    trajectory_start: int | None = None  # the trajectory is text[trajectory_start:]
     markup: tuple[tuple[int, int], ...] = ()  # the template's control tokens in `text`
     images: tuple[PromptImage, ...] = ()  # in order; each is `image_marker` in `text`
     image_marker: str = ""
+    unlocated: tuple[str, ...] = ()  # spans that exist but were not found in `text`
 
 
 @dataclass(slots=True)
@@ -71,115 +70,78 @@ def render_prompt(
     add_generation_prompt: bool = True,
     prefill: str = "",
 ) -> RenderedPrompt:
-    """Render normalized messages with a generation prompt and locate the query text.
+    """Render normalized messages once, with a generation prompt, and locate the spans.
 
-    `prefill` (an assistant prefill, kvmem.chat.prefill) is appended to the rendering."""
+    `prefill` (an assistant prefill, kvmem.chat.prefill) is appended to the rendering.
+    Control-token texts typed in the request are masked for the render and written back
+    after it (`kvmem.chat.markup`), so the markup and every span come from one render."""
     kwargs = dict(template_kwargs or {})
     if "enable_thinking" not in kwargs and "enable_thinking" in template.source:
         kwargs["enable_thinking"] = True  # llama-server's --reasoning auto: on where offered
-    index = last_user_index(messages)
-
-    def finish(raw: str) -> tuple[str, bool]:
-        opens = prompt_opens_reasoning(raw, template.reasoning)
-        if opens and kwargs.get("enable_thinking") is False and template.reasoning and not prefill:
-            # thinking is off but the template always opens the block: close it (as llama.cpp)
-            raw += template.reasoning.close
-            opens = False
-        raw += prefill
-        return raw, opens if not prefill else prompt_opens_reasoning(raw, template.reasoning)
-
-    def render_neutral(transform: Callable[[Any], Any]) -> str:
-        raw = template.render(
-            transform(messages),
-            add_generation_prompt=add_generation_prompt,
-            tools=transform(tools),
-            **transform(kwargs),
-        )
-        return finish(raw)[0]
-
-    text, opens = finish(
-        template.render(
-            messages, add_generation_prompt=add_generation_prompt, tools=tools, **kwargs
-        )
-    )
     pattern = special_pattern(getattr(template, "special_texts", ()))
-    return RenderedPrompt(
-        text=text,
-        query_chars=_query_chars(template, messages, text, tools, kwargs),
-        opens_reasoning=opens,
-        control_end=_control_end(template, messages, text, tools, kwargs),
-        live_start=len(text) - len(prefill) if prefill else _content_start(text, messages),
-        has_trajectory=index is not None and index < len(messages) - 1,
-        markup=markup_spans(text, pattern, (messages, tools, kwargs), render_neutral),
+    avoid = template.source + template.bos_token + template.eos_token
+    mask = mask_for(pattern, (messages, tools, kwargs), avoid)
+    shown = _Masked(mask, messages, tools, kwargs)
+    raw = template.render(
+        shown.messages,
+        add_generation_prompt=add_generation_prompt,
+        tools=shown.tools,
+        **shown.kwargs,
     )
-
-
-def _content_start(text: str, messages: list[dict[str, Any]]) -> int | None:
-    """Where the last message's text starts in `text` (None: no messages or no text)."""
-    if not messages:
-        return None
-    content = messages[-1].get("content")
-    if not isinstance(content, str) or not content:
-        return None
-    start = text.rfind(content)
-    return None if start == -1 else start
-
-
-def _control_end(
-    template: ChatTemplate,
-    messages: list[dict[str, Any]],
-    full: str,
-    tools: list[dict[str, Any]] | None,
-    kwargs: dict[str, Any],
-) -> int | None:
-    """Where the control text ends: after the leading system messages as rendered, or,
-    without one, where the first message's text starts (a default system prompt and the
-    tool definitions come before it)."""
-    k = 0
-    while k < len(messages) and messages[k]["role"] == "system":
-        k += 1
-    if 0 < k < len(messages):
-        try:
-            head = template.render(messages[:k], add_generation_prompt=False, tools=tools, **kwargs)
-        except TemplateError:
-            head = ""
-        if head and full.startswith(head):
-            return len(head)
-    if k == len(messages):
-        return None
-    content = messages[k].get("content")
-    if not isinstance(content, str) or not content:
-        return None
-    start = full.find(content)
-    return start if start > 0 else None
-
-
-def _query_chars(
-    template: ChatTemplate,
-    messages: list[dict[str, Any]],
-    full: str,
-    tools: list[dict[str, Any]] | None,
-    kwargs: dict[str, Any],
-) -> CharSpan | None:
-    index = last_user_index(messages)
-    if index is None:
-        return None
-    content = messages[index]["content"]
-    if not isinstance(content, str) or not content:
-        return None
-    try:
-        upto = template.render(
-            messages[: index + 1], add_generation_prompt=False, tools=tools, **kwargs
+    opens = prompt_opens_reasoning(raw, template.reasoning)
+    if opens and kwargs.get("enable_thinking") is False and template.reasoning and not prefill:
+        # thinking is off but the template always opens the block: close it (as llama.cpp)
+        raw += template.reasoning.close
+        opens = False
+    generated = len(raw)  # the rendering without the prefill
+    raw += shown.prefill(prefill)
+    limit = generated
+    gen = template.layout.generation_prompt
+    if add_generation_prompt and gen and raw.startswith(gen, generated - len(gen)):
+        limit = generated - len(gen)  # no message text lies in the generation prompt
+    found = locate_messages(raw, shown.messages, template.layout, limit)
+    restored = mask.restore(raw) if mask is not None else None
+    text = restored.text if restored is not None else raw
+    if prefill:  # the model continues the prefill: does it leave a thinking block open?
+        opens = prompt_opens_reasoning(text, template.reasoning)
+    spans = prompt_char_spans(messages, found, prefill_at=generated if prefill else None)
+    rendered = RenderedPrompt(
+        text=text,
+        query_chars=spans.query,
+        opens_reasoning=opens,
+        control_end=spans.control_end,
+        live_start=spans.live_start,
+        has_trajectory=spans.has_trajectory,
+        trajectory_start=spans.trajectory_start,
+        markup=markup_spans(text, pattern, restored.typed if restored is not None else ()),
+        unlocated=spans.unlocated,
+    )
+    if rendered.unlocated:
+        template.counters.count_unlocated(rendered.unlocated)
+        logger.warning(
+            "prompt spans not found in the rendered template: %s (retrieval scores without them)",
+            ", ".join(rendered.unlocated),
         )
-    except TemplateError:
-        upto = full
-    start = upto.rfind(content)
-    if start == -1 or full[start : start + len(content)] != content:
-        start = full.rfind(content)
-    if start == -1:
-        logger.debug("the last user message is not in the rendered prompt; no query span")
-        return None
-    return CharSpan(start, start + len(content))
+    return rendered
+
+
+class _Masked:
+    """The request's values as rendered: control-token texts masked (or as they are)."""
+
+    def __init__(
+        self,
+        mask: Mask | None,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any],
+    ) -> None:
+        self.mask = mask
+        self.messages = mask.apply(messages) if mask else messages
+        self.tools = mask.apply(tools) if mask else tools
+        self.kwargs = mask.apply(kwargs) if mask else kwargs
+
+    def prefill(self, text: str) -> str:
+        return self.mask.apply(text) if self.mask and text else text
 
 
 def tokenize_prompt(engine: ChatEngine, rendered: RenderedPrompt) -> PromptTokens:
@@ -217,12 +179,16 @@ def tokenize_prompt(engine: ChatEngine, rendered: RenderedPrompt) -> PromptToken
         if t0 is not None and t1 is not None and t1 > t0:
             query = TokenSpan(t0, t1)
     control_end, live = token_at(rendered.control_end), token_at(rendered.live_start)
+    trajectory = token_at(rendered.trajectory_start) if rendered.has_trajectory else None
+    if query is not None and rendered.has_trajectory:
+        trajectory = query.end  # the trajectory follows the task's last token
     spans = PromptSpans(
         control=TokenSpan(0, control_end) if control_end else None,
         query=query,
-        trajectory=TokenSpan(query.end, n) if query and rendered.has_trajectory else None,
+        trajectory=TokenSpan(trajectory, n) if trajectory is not None and trajectory < n else None,
         live=TokenSpan(live, n) if live is not None and live < n else None,
         groups=tuple(images.groups),
+        unlocated=rendered.unlocated,
     )
     return PromptTokens(tokens, query, rendered.text, rendered.opens_reasoning, spans)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 import jinja2
@@ -21,6 +23,7 @@ from kvmem.chat.builtin_templates import BUILTIN_TEMPLATES, CHATML
 from kvmem.chat.protocol import ModelInfoLike
 from kvmem.chat.reasoning import ReasoningMarkers, markers_for_template
 from kvmem.chat.template_caps import TemplateCaps, apply_polyfills, detect_caps
+from kvmem.chat.template_layout import TemplateLayout, detect_layout
 from kvmem.chat.tool_calls import ToolFormat, detect_tool_format
 from kvmem.errors import ConfigError, TemplateError
 
@@ -81,8 +84,34 @@ def check_template_source(source: str, flag: str) -> None:
         ) from None
 
 
+@dataclass(slots=True)
+class TemplateCounters:
+    """Requests served by one template: renders, and prompts whose spans were not all
+    found (by span name: "query", "control", "trajectory", "live"); shown in /props."""
+
+    renders: int = 0
+    unlocated: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count_render(self) -> None:
+        with self.lock:
+            self.renders += 1
+
+    def count_unlocated(self, names: tuple[str, ...]) -> None:
+        with self.lock:
+            for name in names:
+                self.unlocated[name] = self.unlocated.get(name, 0) + 1
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {"renders": self.renders, "unlocated": dict(self.unlocated)}
+
+
 class ChatTemplate:
-    """A compiled chat template with its capabilities, tool format and thinking tags."""
+    """A compiled chat template with its capabilities, tool format and thinking tags.
+
+    `counters.renders` counts `render` calls (one per request); the probes made when the
+    template is compiled (capabilities, layout) are not counted."""
 
     def __init__(
         self,
@@ -107,6 +136,8 @@ class ChatTemplate:
         self.tool_format: ToolFormat = detect_tool_format(source)
         self.reasoning: ReasoningMarkers | None = markers_for_template(source)
         self.caps: TemplateCaps = detect_caps(self._render_raw)
+        self.layout: TemplateLayout = detect_layout(self._render)
+        self.counters = TemplateCounters()
 
     @classmethod
     def from_engine_info(cls, info: ModelInfoLike, override: str | None = None) -> ChatTemplate:
@@ -131,6 +162,19 @@ class ChatTemplate:
         **kwargs: Any,
     ) -> str:
         """Render normalized messages (see `kvmem.chat.messages`), polyfilling as needed."""
+        self.counters.count_render()
+        return self._render(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools, **kwargs
+        )
+
+    def _render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> str:
         prepared = apply_polyfills(messages, tools, self.caps, self.tool_format)
         return self._render_raw(
             prepared,

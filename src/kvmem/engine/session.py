@@ -253,6 +253,8 @@ class KVMemSession:
     def _prefill(self, prompt: Sequence[int], given: PromptSpans, stats: TurnStats) -> None:
         t0 = time.perf_counter()
         n = len(prompt)
+        if given.unlocated:  # the chat layer could not find them: retrieval goes without
+            self.tracer.emit(TraceKind.SPANS_UNLOCATED, spans=given.unlocated, tokens=n)
         spans = self._resolve_spans(given, n)
         tail = self._deferred_start(spans, n)
         common = min(self.table.common_prefix(prompt), n - 1)

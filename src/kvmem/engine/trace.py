@@ -28,6 +28,7 @@ class TraceKind(Enum):
     TIER = "TIER"  # host/disk tier counters
     SWITCH = "SWITCH"  # the GPU window switched to another conversation
     CONV_EVICT = "CONV_EVICT"  # a warm conversation evicted past --kvmem-conversations
+    SPANS_UNLOCATED = "SPANS_UNLOCATED"  # a chat prompt's spans not found in its rendering
 
 
 class FinishReason(Enum):

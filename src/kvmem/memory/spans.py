@@ -6,6 +6,7 @@ prompt's parts are: the control text (system prompt and tool definitions), the t
 results) and the last message, whose tail is replayed after a reselection. A raw
 completion prompt has none of them; its query is its own tail. `groups` are the token
 ranges of images: the window holds the blocks of each one all together or not at all.
+`unlocated` names the spans a chat prompt has but whose text was not found.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class PromptSpans:
     trajectory: TokenSpan | None = None  # after the last user message, to the prompt's end
     live: TokenSpan | None = None  # the last message, to the prompt's end
     groups: tuple[TokenSpan, ...] = ()  # image rows, ascending: each selected whole
+    # spans the prompt has but the chat layer could not find in its rendering (by name:
+    # "query", "control", "trajectory", "live"); the engine's trace says so
+    unlocated: tuple[str, ...] = ()
 
     def clipped(self, end: int) -> PromptSpans:
         """The spans cut at position `end` (a prompt of `end` tokens)."""
@@ -62,6 +66,7 @@ class PromptSpans:
                 for s in (self.control, self.query, self.trajectory, self.live)
             ),
             groups=tuple(c for g in self.groups if (c := g.clip(end)) is not None),
+            unlocated=self.unlocated,
         )
 
     @classmethod

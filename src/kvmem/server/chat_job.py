@@ -49,6 +49,11 @@ class ChatJob:
     timing_probe: TimingProbe | None = None  # timings_per_token
     cancel: threading.Event = field(default_factory=threading.Event)
 
+    def another_choice(self, channel: EventChannel) -> ChatJob:
+        """The same request as another choice (n > 1): the same rendering, its own
+        channel and cancel event."""
+        return replace(self, channel=channel, cancel=threading.Event(), timing_probe=None)
+
     def turn_request(self, prompt: PromptTokens) -> TurnRequest:
         return TurnRequest(
             prompt=prompt,

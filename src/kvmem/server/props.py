@@ -137,6 +137,7 @@ def props_body(
         "build_info": build_info(),
         **ui_props(settings),
         "auth": {"enabled": settings.api_keys.enabled},
-        "kvmem": kvmem_body(settings, info.n_ctx),
+        # requests rendered, and those whose prompt spans were not found (chat.prompt)
+        "kvmem": {**kvmem_body(settings, info.n_ctx), "prompt_spans": template.counters.snapshot()},
         "speculative": settings.engine.spec.describe(),
     }

@@ -131,12 +131,11 @@ async def chat_completions(request: Request) -> Response:
     if n > 1 and chat.stream:
         raise InvalidRequestError("n > 1 is not supported with stream=true", "n")
     loop = asyncio.get_running_loop()
-    jobs = []
-    for _ in range(n):  # n choices run one after another on the one KVMem lane
-        job = prepare_chat_job(chat, state.settings, state.template, EventChannel(loop))
-        if chat.logit_bias is not None and state.vocab is not None:
-            job.banned_tokens = banned_tokens(state.vocab, chat.logit_bias)
-        jobs.append(job)
+    first = prepare_chat_job(chat, state.settings, state.template, EventChannel(loop))
+    if chat.logit_bias is not None and state.vocab is not None:
+        first.banned_tokens = banned_tokens(state.vocab, chat.logit_bias)
+    # n choices run one after another on the one KVMem lane, all from the one rendering
+    jobs = [first] + [first.another_choice(EventChannel(loop)) for _ in range(n - 1)]
     check_prompt_size(len(jobs[0].rendered.text), state.info)
     model = served_model_id(state.settings, state.info)
     block_tokens = state.settings.engine.kvmem.block_tokens
