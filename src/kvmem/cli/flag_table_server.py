@@ -22,6 +22,10 @@ SERVER_TABLE: tuple[Flag, ...] = (
       "LLAMA_ARG_CTX_SIZE", metavar="N", shown_default="the model's training context"),
     F(("-n", "--n-predict", "--predict"), "n_predict", "max tokens per response, -1 = no cap",
       t.n_predict, -1, "LLAMA_ARG_N_PREDICT", metavar="N"),
+    F(("--tool-max-tokens",), "tool_max_tokens",
+      "max tokens per response of a request with tools that sets no max_tokens, -1 = no cap "
+      "(a client's max_tokens wins; -n still caps)",
+      t.n_predict, 2048, metavar="N"),
     F(("-s", "--seed"), "seed", "RNG seed, -1 = random", t.seed, -1, metavar="SEED"),
     F(("-t", "--threads"), "threads", "CPU threads for generation, -1 = auto", t.threads, -1,
       "LLAMA_ARG_THREADS", metavar="N"),
