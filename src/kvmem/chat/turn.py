@@ -3,8 +3,10 @@
 Pipeline per token: incremental UTF-8 detokenization -> stop strings -> thinking split ->
 tool-call detection. Generation stops once the tool-call stream says the reply is complete
 (a call block closed and what follows opens no further call), as llama-server's tool
-grammar ends there; a call cut off by max_tokens leaves the finish at `length`. Generation runs in segments over the same session; a new segment
-starts (reusing the whole history as a cached prefix) when
+grammar ends there; a call cut off by max_tokens leaves the finish at `length`.
+
+Generation runs in segments over the same session; a new segment starts (reusing the
+whole history as a cached prefix) when
 - the thinking budget runs out: the thinking block is closed by appending its close tag
   (after `--reasoning-budget-message`, if any) and the answer continues;
 - the thinking block closes and a grammar (forced tool call, response_format) waits:
