@@ -45,7 +45,6 @@ def test_several_bare_objects_are_parallel_calls() -> None:
     [
         '{"name": "delete_all", "arguments": {}}',  # not a given tool
         f"Sure: {CALL}",  # text before the object
-        f"{CALL} and more",  # text after it
         '{"name": "read_file", "arguments": [1]}',  # arguments not an object
         '{"answer": 42}',
         '{"name": "read_file", "arguments": {"path": ',  # cut short
@@ -55,10 +54,25 @@ def test_other_json_stays_content(text: str) -> None:
     assert calls(text) == (text, [])
 
 
-def test_calls_followed_by_other_objects_keep_the_calls() -> None:
-    text = CALL + '\n{"name": "main.py", "arguments": {}}\n{"name": "read_file", "argu'
-    assert calls(text) == (
-        '{"name": "main.py", "arguments": {}}\n{"name": "read_file", "argu',
+@pytest.mark.parametrize(
+    "after",
+    [
+        '\n{"name": "main.py", "arguments": {}}\n{"name": "read_file", "argu',  # run-on, cut
+        " and more",  # prose after the call
+        '\n{"name": "get_weather_args", "type": "object", "properties": {}}',  # the schema
+        "\n```\nThe call reads a.py.",  # after a code fence that never opened
+    ],
+)
+def test_text_after_the_last_call_is_not_content(after: str) -> None:
+    assert calls(CALL + after) == ("", [("read_file", {"path": "a.py"})])
+
+
+def test_repeated_identical_calls_are_one_call() -> None:
+    repeated = "\n".join([CALL] * 20)
+    assert calls(repeated) == ("", [("read_file", {"path": "a.py"})])
+    reordered = '{"name": "read_file", "arguments": {"path": "a.py"}}\n' * 2
+    assert calls(reordered + '{"arguments": {"path": "a.py"}, "name": "read_file"}') == (
+        "",
         [("read_file", {"path": "a.py"})],
     )
 

@@ -1,16 +1,13 @@
-"""QueryRows (engine/query_rows.py) against a plain per-position reference."""
+"""QueryRows (memory/query_rows.py) against a plain per-position reference."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("llama_cpp")  # kvmem.engine imports llama_cpp
-
-from kvmem.engine.query_rows import QueryRows, merged  # noqa: E402
-from kvmem.memory.spans import TokenSpan  # noqa: E402
+from kvmem.memory.query_rows import QueryRows, merged
+from kvmem.memory.spans import TokenSpan
 
 LAYERS = (3, 7)
 

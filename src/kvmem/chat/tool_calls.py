@@ -10,7 +10,10 @@ Formats:
 - MISTRAL: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]` (v3) and
   `[TOOL_CALLS]NAME[ARGS]{...}` (v11+, repeated for several calls).
 
-Output that does not parse stays content: parsing never raises.
+Output that does not parse stays content: parsing never raises. Text before the first
+call is content; text after the last complete call is not (llama-server's grammar allows
+nothing there; kvmem stops generating there, see tool_blocks.py). Identical calls in one
+reply are one call.
 """
 
 from __future__ import annotations
@@ -78,19 +81,42 @@ def start_markers(fmt: ToolFormat) -> tuple[str, ...]:
     return ("<|python_tag|>", "{")
 
 
-def block_end(fmt: ToolFormat) -> str | None:
-    """The text that closes one call, for formats whose calls can be emitted one by one."""
-    if fmt is ToolFormat.HERMES:
-        return "</tool_call>"
-    if fmt is ToolFormat.QWEN3_CODER:
-        return "</tool_call>"
-    return None
-
-
 def parse_tool_calls(
     text: str, fmt: ToolFormat, tools: list[dict[str, Any]] | None = None
 ) -> ParsedOutput:
     """Split `text` into content and tool calls; unparseable calls stay in the content."""
+    parsed = _parse(text, fmt, tools)
+    parsed.tool_calls = unique_calls(parsed.tool_calls)
+    return parsed
+
+
+def call_key(call: ToolCall) -> tuple[str, str]:
+    """What makes two calls the same call: the name and the arguments (key order aside)."""
+    return call.name, json.dumps(json.loads(call.arguments), sort_keys=True)
+
+
+def unique_calls(calls: list[ToolCall]) -> list[ToolCall]:
+    """`calls` without repeats of an earlier identical call (small models loop on one)."""
+    seen: set[tuple[str, str]] = set()
+    kept: list[ToolCall] = []
+    for call in calls:
+        key = call_key(call)
+        if key not in seen:
+            seen.add(key)
+            kept.append(call)
+    return kept
+
+
+def tool_names(tools: list[dict[str, Any]] | None) -> set[str]:
+    """The function names of the request's tools."""
+    return {
+        name
+        for t in tools or []
+        if isinstance(name := (t.get("function") or {}).get("name"), str) and name
+    }
+
+
+def _parse(text: str, fmt: ToolFormat, tools: list[dict[str, Any]] | None) -> ParsedOutput:
     if fmt is ToolFormat.HERMES:
         parsed = _parse_tagged(text, _hermes_call, _TAGGED)
         if not parsed.tool_calls and tools:
@@ -116,7 +142,7 @@ def arguments_json(arguments: Any) -> str | None:
     return json.dumps(arguments, ensure_ascii=False)
 
 
-def _call_from_object(obj: Any, args_key: str = "arguments") -> ToolCall | None:
+def call_from_object(obj: Any, args_key: str = "arguments") -> ToolCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
     raw = obj.get(args_key, obj.get("parameters" if args_key == "arguments" else "arguments", {}))
@@ -144,7 +170,6 @@ def _parse_tagged(text: str, parse_body: Any, pattern: re.Pattern[str]) -> Parse
         content.append(text[pos : match.start()])
         calls.extend(parsed)
         pos = match.end()
-    content.append(text[pos:])
     return ParsedOutput("".join(content).strip() if calls else text, calls)
 
 
@@ -162,7 +187,7 @@ def _hermes_call(body: str) -> list[ToolCall]:
         obj = json.loads(_strip_partial_close(body, "</tool_call>").strip())
     except json.JSONDecodeError:
         return []
-    call = _call_from_object(obj)
+    call = call_from_object(obj)
     return [call] if call else []
 
 
@@ -217,37 +242,38 @@ def _parse_mistral(text: str) -> ParsedOutput:
     if at == -1:
         return ParsedOutput(text, [])
     head, rest = text[:at], text[at + len("[TOOL_CALLS]") :]
-    calls: list[ToolCall] = []
     stripped = rest.strip()
-    if stripped.startswith("["):
+    calls = _mistral_array(stripped) if stripped.startswith("[") else _mistral_named(rest)
+    return ParsedOutput(head.strip(), calls) if calls else ParsedOutput(text, [])
+
+
+def _mistral_array(text: str) -> list[ToolCall]:
+    """v3: one JSON array of call objects (every item must be a call)."""
+    try:
+        items, _ = json.JSONDecoder().raw_decode(text)
+    except json.JSONDecodeError:
+        return []
+    if not isinstance(items, list):
+        return []
+    calls = [call_from_object(item) for item in items]
+    return [c for c in calls if c is not None] if all(calls) else []
+
+
+def _mistral_named(text: str) -> list[ToolCall]:
+    """v11+: `NAME[ARGS]{...}` segments separated by `[TOOL_CALLS]`; the calls up to the
+    first segment that is not one."""
+    calls: list[ToolCall] = []
+    for segment in text.split("[TOOL_CALLS]"):
+        name, sep, args = segment.partition("[ARGS]")
         try:
-            items, end = json.JSONDecoder().raw_decode(stripped)
+            obj, _ = json.JSONDecoder().raw_decode(args.strip()) if sep else (None, 0)
         except json.JSONDecodeError:
-            return ParsedOutput(text, [])
-        if not isinstance(items, list):
-            return ParsedOutput(text, [])
-        for item in items:
-            call = _call_from_object(item)
-            if call is None:
-                return ParsedOutput(text, [])
-            calls.append(call)
-        tail = stripped[end:]
-    else:
-        tail = ""
-        for segment in rest.split("[TOOL_CALLS]"):
-            name, sep, args = segment.partition("[ARGS]")
-            if not sep:
-                return ParsedOutput(text, [])
-            try:
-                obj, end = json.JSONDecoder().raw_decode(args.strip())
-            except json.JSONDecodeError:
-                return ParsedOutput(text, [])
-            call = _call_from_object({"name": name.strip(), "arguments": obj})
-            if call is None:
-                return ParsedOutput(text, [])
-            calls.append(call)
-            tail = args.strip()[end:]
-    return ParsedOutput((head + tail).strip(), calls)
+            obj = None
+        call = call_from_object({"name": name.strip(), "arguments": obj}) if sep else None
+        if call is None:
+            return calls
+        calls.append(call)
+    return calls
 
 
 def _parse_llama3(text: str) -> ParsedOutput:
@@ -256,58 +282,49 @@ def _parse_llama3(text: str) -> ParsedOutput:
         body = body[len("<|python_tag|>") :].strip()
     if not body.startswith("{"):
         return ParsedOutput(text, [])
-    calls: list[ToolCall] = []
+    calls = _json_calls(body, "parameters", None)
+    return ParsedOutput("", calls) if calls else ParsedOutput(text, [])
+
+
+def _json_calls(body: str, args_key: str, names: set[str] | None) -> list[ToolCall]:
+    """The call objects `body` starts with (separated by whitespace, `,` or `;`), up to
+    the first thing that is not one (with `names`, one naming a given tool)."""
     decoder = json.JSONDecoder()
+    calls: list[ToolCall] = []
     pos = 0
     while pos < len(body):
         try:
-            obj, end = decoder.raw_decode(body, pos)
+            obj, pos = decoder.raw_decode(body, pos)
         except json.JSONDecodeError:
-            return ParsedOutput(text, [])
-        call = _call_from_object(obj, args_key="parameters")
-        if call is None:
-            return ParsedOutput(text, [])
+            return calls
+        call = call_from_object(obj, args_key=args_key)
+        if call is None or (names is not None and call.name not in names):
+            return calls
         calls.append(call)
-        pos = end
-        while pos < len(body) and body[pos] in " \t\r\n;":
+        while pos < len(body) and body[pos] in " \t\r\n,;":
             pos += 1
-    return ParsedOutput("", calls)
+    return calls
 
 
 _FENCE = re.compile(r"^```[A-Za-z0-9_-]*[ \t]*\n?(.*?)\n?```$", re.S)
+_FENCE_OPEN = re.compile(r"^```[A-Za-z0-9_-]*[ \t]*\n(.*)$", re.S)  # closing fence not reached
 
 
 def parse_bare_json(text: str, tools: list[dict[str, Any]]) -> ParsedOutput:
     """Calls written as bare JSON, without `<tool_call>` tags (small Qwen2.5-Coder models do).
 
-    The output, optionally in one code fence, must start with one or more JSON objects
-    `{"name": N, "arguments": {...}}` (or `"parameters"`) where N names a given tool.
-    Further objects that are not such calls (small models ramble on, or are cut off by
-    max_tokens) come back as content next to the calls; prose around the objects keeps
-    the whole output content, so does any JSON answer without tools.
+    The output, optionally in one code fence, must start with a JSON object
+    `{"name": N, "arguments": {...}}` (or `"parameters"`) where N names a given tool;
+    further such objects are further calls. Whatever follows the last call (small models
+    ramble on with more objects or prose, or are cut off by max_tokens) is dropped, like
+    text after a tagged call. Prose before the object keeps the whole output content, so
+    does any JSON answer without tools.
     """
-    names = {t.get("function", {}).get("name") for t in tools}
     body = text.strip()
-    fenced = _FENCE.match(body)
+    fenced = _FENCE.match(body) or _FENCE_OPEN.match(body)
     if fenced:
         body = fenced.group(1).strip()
     if not body.startswith("{"):
         return ParsedOutput(text, [])
-    decoder = json.JSONDecoder()
-    calls: list[ToolCall] = []
-    pos = 0
-    while pos < len(body):
-        start = pos
-        try:
-            obj, pos = decoder.raw_decode(body, pos)
-            call = _call_from_object(obj)
-        except json.JSONDecodeError:
-            call = None
-        if call is None or call.name not in names:
-            if calls and body[start] == "{":  # more objects after the calls: not calls, content
-                return ParsedOutput(body[start:].strip(), calls)
-            return ParsedOutput(text, [])
-        calls.append(call)
-        while pos < len(body) and body[pos] in " \t\r\n,;":
-            pos += 1
-    return ParsedOutput("", calls)
+    calls = _json_calls(body, "arguments", tool_names(tools))
+    return ParsedOutput("", calls) if calls else ParsedOutput(text, [])

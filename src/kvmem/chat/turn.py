@@ -1,8 +1,12 @@
 """One assistant turn: drive `engine.generate` and turn its tokens into chat events.
 
 Pipeline per token: incremental UTF-8 detokenization -> stop strings -> thinking split ->
-tool-call detection. Generation runs in segments over the same session; a new segment
-starts (reusing the whole history as a cached prefix) when
+tool-call detection. Generation stops once the tool-call stream says the reply is complete
+(a call block closed and what follows opens no further call), as llama-server's tool
+grammar ends there; a call cut off by max_tokens leaves the finish at `length`.
+
+Generation runs in segments over the same session; a new segment starts (reusing the
+whole history as a cached prefix) when
 - the thinking budget runs out: the thinking block is closed by appending its close tag
   (after `--reasoning-budget-message`, if any) and the answer continues;
 - the thinking block closes and a grammar (forced tool call, response_format) waits:
@@ -45,6 +49,7 @@ class TurnRequest:
     grammar: str | None = None
     tool_format: ToolFormat | None = None  # parse tool calls in this format; None: never
     tools: list[dict[str, Any]] = field(default_factory=list)
+    parallel_tool_calls: bool = True  # False: the first call ends the reply
     reasoning: ReasoningMarkers | None = None
     reasoning_budget: int = -1
     budget_message: str = ""
@@ -148,7 +153,11 @@ def run_turn(engine: ChatEngine, req: TurnRequest) -> Iterator[TurnEvent]:
     detok = IncrementalDetokenizer(engine)
     stopper = StopMatcher(req.stop)
     splitter = ReasoningSplitter(req.reasoning, starts_in_reasoning=req.prompt.opens_reasoning)
-    tool_stream = ToolCallStream(req.tool_format, req.tools) if req.tool_format else None
+    tool_stream = (
+        ToolCallStream(req.tool_format, req.tools, parallel=req.parallel_tool_calls)
+        if req.tool_format
+        else None
+    )
     out = _Output(splitter, tool_stream)
     usage = TurnUsage(prompt_tokens=len(req.prompt.tokens))
     history = list(req.prompt.tokens)
@@ -203,6 +212,9 @@ def run_turn(engine: ChatEngine, req: TurnRequest) -> Iterator[TurnEvent]:
                 if result.stopped:
                     finish = ChatFinish.STOP
                     break
+                if tool_stream is not None and tool_stream.done:
+                    finish = ChatFinish.TOOL_CALLS  # the call block is complete
+                    break
                 if req.grammar and grammar is None and not splitter.in_reasoning:
                     ended = _SegmentEnd.GRAMMAR
                     break
@@ -226,7 +238,8 @@ def run_turn(engine: ChatEngine, req: TurnRequest) -> Iterator[TurnEvent]:
         if tail.stopped:
             finish = ChatFinish.STOP
     yield from out.finish()
-    if out.n_calls and finish in (ChatFinish.STOP, ChatFinish.LENGTH):
+    cut_off = tool_stream is not None and tool_stream.cut_off and finish is ChatFinish.LENGTH
+    if out.n_calls and finish in (ChatFinish.STOP, ChatFinish.LENGTH) and not cut_off:
         finish = ChatFinish.TOOL_CALLS
     yield TurnDone(finish, usage, stopper.matched if finish is ChatFinish.STOP else "")
 

@@ -50,6 +50,10 @@ MODEL_TABLE: tuple[Flag, ...] = (
 SAMPLING_TABLE: tuple[Flag, ...] = (
     F(("-n", "--n-predict", "--predict"), "n_predict", "max tokens per response, -1 = no cap",
       t.n_predict, -1, "LLAMA_ARG_N_PREDICT", metavar="N", group=G.SAMPLING),
+    F(("--tool-max-tokens",), "tool_max_tokens",
+      "max tokens per response of a request with tools that sets no max_tokens, -1 = no cap "
+      "(a client's max_tokens wins; -n still caps)",
+      t.n_predict, 2048, metavar="N", group=G.SAMPLING),
     F(("-s", "--seed"), "seed", "RNG seed, -1 = random", t.seed, -1, metavar="SEED", group=G.SAMPLING),
     F(("--temp", "--temperature"), "temperature", "default temperature, 0 = greedy",
       t.float_in_range(0.0), 0.8, "LLAMA_ARG_TEMPERATURE", metavar="T", group=G.SAMPLING),

@@ -242,6 +242,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         alias=v["alias"],
         api_keys=keys,
         n_predict=int(v["n_predict"]),
+        tool_max_tokens=int(v["tool_max_tokens"]),
         sampling=sampling,
         chat_template=template,
         chat_template_origin=origin,

@@ -33,6 +33,7 @@ class ServerSettings:
     alias: str | None = None
     api_keys: ApiKeys = field(default_factory=ApiKeys)
     n_predict: int = -1  # server-wide output cap; -1: none
+    tool_max_tokens: int = 2048  # output cap of a tools request without max_tokens; -1: none
     sampling: SamplingParams = field(default_factory=SamplingParams)  # per-request defaults
     chat_template: str | None = None  # Jinja source overriding the GGUF's
     chat_template_origin: str = "gguf"  # gguf | --chat-template | the template file's path

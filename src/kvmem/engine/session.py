@@ -25,6 +25,7 @@ from kvmem.errors import ContextLengthExceededError, InvalidRequestError, TurnCa
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.exact_scorer import RankMode
 from kvmem.memory.host_store import BlockStore, HostStore
+from kvmem.memory.query_rows import QueryRows, merged
 from kvmem.memory.retrieval_index import RetrievalIndex
 from kvmem.memory.scorer import QueryVectors
 from kvmem.memory.spans import PromptSpans, TokenSpan
@@ -35,7 +36,6 @@ from .host_staging import STAGING_BYTES
 from .kv_transfer import KVTransfer
 from .query_ahead import QueryAhead, Rows
 from .query_capture import QueryCapture
-from .query_rows import QueryRows, merged
 from .replay_ssm import ReplaySSM
 from .sampler import Sampler
 from .scoring_context import ScoringContext

@@ -40,6 +40,7 @@ class ChatJob:
     grammar: str | None = None
     tool_format: ToolFormat | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)
+    parallel_tool_calls: bool = True
     reasoning: ReasoningMarkers | None = None
     reasoning_budget: int = -1
     budget_message: str = ""
@@ -63,6 +64,7 @@ class ChatJob:
             grammar=self.grammar,
             tool_format=self.tool_format,
             tools=self.tools,
+            parallel_tool_calls=self.parallel_tool_calls,
             reasoning=self.reasoning,
             reasoning_budget=self.reasoning_budget,
             budget_message=self.budget_message,
@@ -73,13 +75,18 @@ class ChatJob:
         )
 
 
-def effective_max_tokens(request: ChatCompletionRequest, n_predict: int) -> int:
-    """max_completion_tokens, else max_tokens, capped by -n; -1 means no cap."""
+def effective_max_tokens(
+    request: ChatCompletionRequest, n_predict: int, tool_max_tokens: int = -1
+) -> int:
+    """max_completion_tokens, else max_tokens, capped by -n; -1 means no cap. A request
+    with tools that asks for no limit gets `--tool-max-tokens` (-1: none)."""
     asked = (
         request.max_completion_tokens
         if request.max_completion_tokens is not None
         else request.max_tokens
     )
+    if asked is None and request.tools and request.tool_choice != "none":
+        asked = tool_max_tokens
     caps = [v for v in (asked, n_predict) if v is not None and v > 0]
     return min(caps) if caps else -1
 
@@ -163,11 +170,12 @@ def prepare_chat_job(
         rendered=rendered,
         sampling=sampling_for(request, settings.sampling),
         channel=channel,
-        max_tokens=effective_max_tokens(request, settings.n_predict),
+        max_tokens=effective_max_tokens(request, settings.n_predict, settings.tool_max_tokens),
         stop=request.stop_list,
         grammar=_grammar(request, template, tools),
         tool_format=template.tool_format if tools else None,
         tools=tools,
+        parallel_tool_calls=request.parallel_tool_calls is not False,
         reasoning=None if settings.reasoning_format == "none" else template.reasoning,
         reasoning_budget=plan.budget,
         budget_message=settings.budget_message,
