@@ -60,8 +60,12 @@ class TimedEngine:
         query: Any = None,
         sampling: Any = None,
         max_tokens: int = -1,
+        ignore_eos: bool = False,
     ) -> Iterator[int]:
+        """Like a real model, ends at its end-of-generation token (the 9th) unless that
+        token is banned."""
         self.prompts.append(list(prompt))
+        max_tokens = max_tokens if ignore_eos else min(max_tokens, 8)
         attended = len(prompt)
         if self.point.config is SweepConfig.KVMEM:
             attended = min(attended, self.budget)
@@ -207,3 +211,45 @@ def test_command_on_a_tiny_synthetic_model(
         == scoring_2k["transfer"]["scoring_decode"]["calls"]
     )
     assert after_2k["host_store_bytes"] == scoring_2k["host_store_bytes"]
+
+
+@pytest.mark.slow
+def test_every_point_decodes_its_tokens_on_a_real_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Qwen2.5-Coder-0.5B ends a random prompt's reply with an end-of-generation token at
+    once; the sweep bans it, so each point decodes --gen-tokens tokens."""
+    rc = main(
+        [
+            "decode-sweep",
+            "-m",
+            "qwen-0.5b",
+            "--contexts",
+            "256,512",
+            "--budget",
+            "256",
+            "--gen-reserve",
+            "128",
+            "--block-tokens",
+            "64",
+            "--gen-tokens",
+            "12",
+            "--configs",
+            "stock,kvmem",
+            "-t",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert rc == 0
+    doc = json.loads((tmp_path / "decode_sweep.json").read_text())
+    got = [(r["config"], r["context"], r["generated_tokens"]) for r in doc["results"]]
+    assert got == [
+        ("stock", 256, 12),
+        ("stock", 256, 12),
+        ("stock", 512, 12),
+        ("kvmem", 256, 12),
+        ("kvmem", 512, 12),
+    ]
+    assert all(r["decode_tok_s"] > 0 for r in doc["results"])

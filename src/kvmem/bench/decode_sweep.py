@@ -155,13 +155,14 @@ class Measured:
 
 def measure(engine: BenchEngine, prompt: Sequence[int], gen_tokens: int) -> Measured:
     """The speeds of one generate call, after a short warm-up generation (then forgotten
-    with a reset)."""
+    with a reset). End-of-generation tokens are banned, so a real model decodes all
+    `gen_tokens` as a random-weight one does."""
     for _ in engine.generate(prompt[:16], sampling=GREEDY, max_tokens=4):
         pass
     engine.reset()
     generated = 0
     t0 = time.perf_counter()
-    for _ in engine.generate(prompt, sampling=GREEDY, max_tokens=gen_tokens):
+    for _ in engine.generate(prompt, sampling=GREEDY, max_tokens=gen_tokens, ignore_eos=True):
         generated += 1
     turn_s = time.perf_counter() - t0
     turn = engine.last_turn

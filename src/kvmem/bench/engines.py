@@ -75,6 +75,7 @@ class BenchEngine(Protocol):
         query: TokenSpan | None = None,
         sampling: SamplingParams | None = None,
         max_tokens: int = -1,
+        ignore_eos: bool = False,
     ) -> Iterator[int]: ...
 
     def teacher_force(
