@@ -4,11 +4,16 @@ generation with `stop` instead of aborting the process inside llama.cpp."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
+from kvmem.chat.grammar_check import check_grammar
 from kvmem.engine import Engine
+from kvmem.errors import InvalidRequestError
+from tests.unit.test_grammar_check import GENERATED
 
 from .helpers import GREEDY, make_engine
 
@@ -66,3 +71,24 @@ def test_seeded_sampling_with_grammar_and_ban(engine: Engine) -> None:
         for _ in range(2)
     ]
     assert runs[0] == runs[1] and runs[0] in ("a", "b", "c")
+
+
+@settings(
+    max_examples=40,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(GENERATED)
+def test_generated_grammars_refused_or_complete(engine: Engine, grammar: str) -> None:
+    """A sample of the unit suite's generated grammars: refused by the checker, or run on
+    the real model to the end (no abort, no wedge) within a generous bound."""
+    try:
+        check_grammar(grammar)
+    except InvalidRequestError:
+        return
+    started = time.monotonic()
+    for flags in ({}, {"ignore_eos": True}):
+        _run(engine, grammar, **flags)
+        assert engine.last_turn.finish_reason in ("stop", "length")
+    assert time.monotonic() - started < 60
