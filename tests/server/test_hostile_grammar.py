@@ -127,3 +127,48 @@ def test_grammar_with_ignore_eos_stops(
         assert text in ("true", "false")
     assert finish in ("stop", "eos")
     _healthy_and_same(server, expected_normal)
+
+
+def _nested_any_of(levels: int) -> dict[str, object]:
+    defs: dict[str, object] = {}
+    for k in range(levels):
+        inner = {"$ref": f"#/$defs/l{k + 1}"} if k + 1 < levels else {"type": "integer"}
+        alternatives = [{"type": "array", "items": inner, "maxItems": i + 1} for i in range(8)]
+        defs[f"l{k}"] = {"anyOf": alternatives}
+    return {"$defs": defs, "$ref": "#/$defs/l0"}
+
+
+AMBIGUOUS = (
+    "invalid grammar: more than 128 ways to parse the same text are alive at once "
+    "(after '[['); make the alternatives start differently"
+)
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        (
+            "/v1/chat/completions",
+            {
+                "messages": HI,
+                "max_tokens": 4,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": _nested_any_of(5)},
+                },
+            },
+            "response_format",
+        ),
+        ("/completion", {"prompt": "x", "json_schema": _nested_any_of(5)}, "json_schema"),
+        ("/v1/completions", {"prompt": "x", "json_schema": _nested_any_of(5)}, "json_schema"),
+    ],
+)
+def test_nested_any_of_schema_is_a_400(
+    server: LiveServer, expected_normal: str, route: str, body: dict, param: str
+) -> None:
+    r = httpx.post(server.base_url + route, json=body, timeout=60)
+    assert r.status_code == 400, r.text[:500]
+    error = r.json()["error"]
+    assert (error["message"], error["type"]) == (AMBIGUOUS, "invalid_request_error")
+    assert error["param"] == param
+    _healthy_and_same(server, expected_normal)

@@ -15,12 +15,15 @@ InvalidRequestError naming the problem or the limit, when it:
 - repeats an item that can match the empty text (`("a"?){0,1000}`), or repeats an item
   that can end in a variable repetition of the characters it starts with (`("a"+)*`):
   both split one text in exponentially many ways;
+- keeps more than MAX_GRAMMAR_PARSES parses of one text alive at once
+  (`kvmem.chat.grammar_ambiguity`: `anyOf` of arrays nested in arrays);
 - passes one of the size limits below (text, rules, literal, repetition count, product of
   nested repetition counts, alternatives, group nesting, elements after expansion).
 """
 
 from __future__ import annotations
 
+from kvmem.chat.grammar_ambiguity import max_live_parses
 from kvmem.chat.grammar_parse import (
     MAX_CODE_POINT,
     AnyChar,
@@ -47,6 +50,8 @@ MAX_GRAMMAR_REPEAT_PRODUCT = 4096  # counts of repetitions nested inside each ot
 MAX_GRAMMAR_ALTERNATIVES = 1024  # alternatives of one rule or group
 MAX_GRAMMAR_NESTING = 64  # groups inside groups
 MAX_GRAMMAR_ELEMENTS = 1_000_000  # llama.cpp grammar elements after expanding x{m,n}
+MAX_GRAMMAR_PARSES = 128  # parses of one text alive at once (llama.cpp checks each token
+# against every one: anyOf of 8 arrays nested 2 deep keeps 256 and took 10 s a token)
 
 
 def _fail(param: str, message: str) -> InvalidRequestError:
@@ -100,6 +105,13 @@ class _Checker:
                     self.check_repeats(item, name)
         self.check_reachable_satisfiable()
         self.check_left_recursion()
+        live = max_live_parses(self.g, MAX_GRAMMAR_PARSES + 1)
+        if live.count > MAX_GRAMMAR_PARSES:
+            where = f"after {live.text[:40]!r}" if live.text else "at the start"
+            raise self.fail(
+                f"more than {MAX_GRAMMAR_PARSES} ways to parse the same text are alive at once "
+                f"({where}); make the alternatives start differently"
+            )
 
     # pass 1: syntax-level checks and sizes ------------------------------------------------
     def walk_alternatives(self, alternatives: list[list[Item]], rule: str, factor: int) -> None:

@@ -31,6 +31,8 @@ _PRIMITIVES = {
     "boolean": '"true" | "false"',
     "null": '"null"',
 }
+FLAT_ENUM = 32  # enums with more values become a prefix tree of rules
+_END = ""  # trie key: a value ends here
 _DEPENDS = {
     "value": ("object", "array", "string", "number", "boolean", "null"),
     "object": ("string", "value"),
@@ -103,7 +105,7 @@ class GrammarBuilder:
             values = schema["enum"]
             if not isinstance(values, list) or not values:
                 raise InvalidRequestError(f"invalid enum at {hint}", "response_format")
-            return self.add(hint, " | ".join(gbnf_literal(_canonical(v)) for v in values))
+            return self.enum([_canonical(v) for v in values], hint)
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 alts = [self.schema(s, f"{hint}-{i}") for i, s in enumerate(schema[key])]
@@ -128,6 +130,47 @@ class GrammarBuilder:
         if kind in ("number", "integer", "boolean", "null"):
             return self.primitive(kind)
         return self.primitive("value")
+
+    def enum(self, texts: list[str], hint: str) -> str:
+        """A rule matching one of `texts`: alternatives when few, else a prefix tree of
+        rules (llama.cpp keeps one parse alive per alternative that matches so far, and
+        JSON strings all start with the same quote)."""
+        if len(texts) <= FLAT_ENUM:
+            return self.add(hint, " | ".join(gbnf_literal(t) for t in dict.fromkeys(texts)))
+        trie: dict[str, Any] = {}
+        for text in texts:
+            node = trie
+            for ch in text:
+                node = node.setdefault(ch, {})
+            node[_END] = {}
+        root = self._reserve(f"{hint}-t")
+        todo = [(trie, root)]
+        while todo:
+            node, name = todo.pop()
+            alternatives = ['""'] if _END in node else []
+            for ch, child in node.items():
+                if ch == _END:
+                    continue
+                label = ch
+                while len(child) == 1 and _END not in child:
+                    ((nxt, child),) = child.items()
+                    label += nxt
+                if list(child) == [_END]:
+                    alternatives.append(gbnf_literal(label))
+                    continue
+                sub = self._reserve(f"{hint}-t")
+                alternatives.append(f"{gbnf_literal(label)} {sub}")
+                todo.append((child, sub))
+            self._rules[name] = " | ".join(alternatives)
+        return root
+
+    def _reserve(self, base: str) -> str:
+        name, n = base, 1
+        while name in self._rules:
+            n += 1
+            name = f"{base}-{n}"
+        self._rules[name] = '""'
+        return name
 
     def render(self, root_body: str) -> str:
         lines = [f"root ::= {root_body}"]

@@ -84,7 +84,7 @@ def _grammar(r: CompletionRequest) -> str | None:
         check_grammar_text(r.grammar)
         return r.grammar
     if r.json_schema is not None:
-        return json_schema_grammar(r.json_schema)
+        return json_schema_grammar(r.json_schema, "json_schema")
     return None
 
 
