@@ -201,17 +201,20 @@ class GrammarBuilder:
         return self.add(hint, body + ' "}"')
 
     def _optional_chain(self, keys: list[str], kv: dict[str, str], hint: str) -> str:
-        # memoized per (hint, keys): without it the alternatives take 2**len(keys) calls
-        memo_key = (hint, tuple(keys))
-        if memo_key in self._chains:
-            return self._chains[memo_key]
-        first, rest = keys[0], keys[1:]
-        if not rest:
-            return kv[first]
-        tail = " | ".join(self._optional_chain(rest[i:], kv, hint) for i in range(len(rest)))
-        rest_rule = self.add(f"{hint}-{first}-rest", f'( ", " ( {tail} ) )?')
-        self._chains[memo_key] = f"{kv[first]} {rest_rule}"
-        return self._chains[memo_key]
+        # memoized per (hint, keys): without it the alternatives take 2**len(keys) calls;
+        # built from the last key back (no recursion: 900 optional keys are fine)
+        chains: list[str] = [""] * len(keys)
+        for i in range(len(keys) - 1, -1, -1):
+            memo_key = (hint, tuple(keys[i:]))
+            if memo_key not in self._chains:
+                if i == len(keys) - 1:
+                    self._chains[memo_key] = kv[keys[i]]
+                else:
+                    tail = " | ".join(chains[i + 1 :])
+                    rest = self.add(f"{hint}-{keys[i]}-rest", f'( ", " ( {tail} ) )?')
+                    self._chains[memo_key] = f"{kv[keys[i]]} {rest}"
+            chains[i] = self._chains[memo_key]
+        return chains[0]
 
     def _array(self, schema: dict[str, Any], hint: str) -> str:
         if isinstance(schema.get("prefixItems"), list):

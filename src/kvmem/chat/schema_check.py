@@ -5,6 +5,8 @@ recursion: every keyword the builder reads has the right type; repetition bounds
 (minLength/maxLength, minItems/maxItems) are non-negative integers up to MAX_REPEAT and
 min <= max (llama.cpp's grammar parser allocates without bound for `x{5,2}`); minimum <=
 maximum; nesting depth, node count, enum/const sizes and pattern lengths are bounded.
+A local `$ref` is resolved and its target checked too (once per reference), so a bad
+keyword the walk would not otherwise reach (`{"$ref": "#/x", "x": {...}}`) is found.
 A violation is an InvalidRequestError naming the keyword and where it is.
 
 `check_grammar_text` checks the finished grammar (`kvmem.chat.grammar_check`: syntax,
@@ -58,6 +60,7 @@ def check_schema(schema: Any, param: str = "response_format") -> None:
     """InvalidRequestError(param) unless the grammar builder can use `schema` safely."""
     budget = {"nodes": 0, "enum": 0, "chars": 0, "props": 0}
     stack: list[tuple[Any, str, int]] = [(schema, "#", 1)]
+    refs: set[str] = set()  # each local $ref's target is checked once, where it points
     while stack:
         node, where, depth = stack.pop()
         if isinstance(node, bool):
@@ -91,6 +94,30 @@ def check_schema(schema: Any, param: str = "response_format") -> None:
         for key in _SCHEMA_ONE:
             if key in node:
                 stack.append((node[key], f"{where}/{key}", depth + 1))
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref not in refs:
+            refs.add(ref)
+            target = resolve_ref(schema, ref)
+            if target is not None:
+                stack.append((target, ref, depth + 1))
+
+
+def resolve_ref(root: Any, ref: str) -> Any:
+    """The node a local `$ref` (`#`, `#/a/b`, JSON-pointer escapes) points to, or None."""
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        return None
+    node = root
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
 
 
 def _check_keywords(node: dict[str, Any], where: str, param: str, budget: dict[str, int]) -> None:
