@@ -43,7 +43,7 @@ from kvmem.errors import InvalidRequestError
 
 # The limits (docs/server.md, "Grammar limits"), one place
 MAX_GRAMMAR_CHARS = 256 * 1024  # grammar text
-MAX_GRAMMAR_RULES = 4096  # rules after llama.cpp's rewriting (groups, repetitions)
+MAX_GRAMMAR_RULES = 65_536  # rules after llama.cpp's rewriting (groups, repetitions)
 MAX_GRAMMAR_LITERAL = 65_536  # characters in one string literal
 MAX_GRAMMAR_REPEAT = 1000  # m and n of x{m,n}
 MAX_GRAMMAR_REPEAT_PRODUCT = 4096  # counts of repetitions nested inside each other
