@@ -4,6 +4,8 @@ an InvalidRequestError or parse to a tree the checks accept."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -217,3 +219,73 @@ def test_large_enum_becomes_a_prefix_tree() -> None:
         == '"\\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx" root-value-t-2'
     )
     assert max_live_parses(parse_grammar(grammar), 1000).count <= 11
+
+
+def _accepts(grammar: str, text: str) -> bool:
+    """Whether llama.cpp's stack machine (as grammar_ambiguity runs it) accepts `text`."""
+    from kvmem.chat.grammar_ambiguity import _Machine
+
+    machine = _Machine(parse_grammar(grammar), cap=10_000)
+    stacks: set = set()
+    for alt in machine.rules["root"]:
+        machine.advance(((alt, 0, 0),), stacks)
+    for ch in text:
+        stacks = machine.feed(stacks, ord(ch))
+    return () in stacks
+
+
+def test_enum_prefix_tree_matches_exactly_its_values() -> None:
+    values = [1, 12, 123, "a", "ab", "", None, True, 1.5, 'é\n"', *[f"v{i}" for i in range(40)]]
+    grammar = json_schema_grammar({"enum": values})
+    for value in values:
+        assert _accepts(grammar, json.dumps(value, ensure_ascii=False)), value
+    for other in ["2", "1234", '"abc"', '"v40"', "false", '"v"', "12.5"]:
+        assert not _accepts(grammar, other), other
+
+
+def _schemas() -> st.SearchStrategy[object]:
+    leaf = st.sampled_from(
+        [
+            {"type": "string"},
+            {"type": "integer"},
+            {"type": "string", "maxLength": 5},
+            {"enum": ["a", "b", 3]},
+            {"$ref": "#/$defs/d"},
+            {"type": "array", "items": {"type": "number"}, "maxItems": 3},
+            {"type": "array", "minItems": "abc"},
+            {"anyOf": 5},
+            True,
+        ]
+    )
+    return st.recursive(
+        leaf,
+        lambda inner: st.one_of(
+            st.lists(inner, min_size=1, max_size=8).map(lambda xs: {"anyOf": xs}),
+            st.dictionaries(st.sampled_from("abcdefgh"), inner, min_size=1, max_size=5).map(
+                lambda props: {"type": "object", "properties": props}
+            ),
+            inner.map(lambda x: {"type": "array", "items": x}),
+        ),
+        max_leaves=40,
+    ).map(
+        lambda s: (
+            {"$defs": {"d": {"anyOf": [{"type": "array"}, {"$ref": "#/$defs/d"}]}}, **s}
+            if isinstance(s, dict)
+            else s
+        )
+    )
+
+
+@settings(
+    max_examples=500, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck)
+)
+@given(_schemas())
+def test_generated_schemas_are_refused_or_checked_grammars(schema: object) -> None:
+    """A schema becomes a grammar only through the same checks: an InvalidRequestError
+    naming response_format, or a grammar check_grammar accepts (never another error)."""
+    try:
+        grammar = json_schema_grammar(schema)
+    except InvalidRequestError as exc:
+        assert exc.param == "response_format"
+        return
+    check_grammar(grammar)
