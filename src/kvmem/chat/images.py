@@ -116,8 +116,11 @@ def _local_file(url: str, media_path: str | None, limits: ImageLimits, where: st
     parsed = urlparse(url)
     if parsed.netloc not in ("", "localhost"):
         raise InvalidRequestError(f"{where}: file:// URLs must name a local path", where)
+    relative = unquote(parsed.path).lstrip("/")
+    if "\x00" in relative:  # os.path and open() raise ValueError on a NUL byte
+        raise InvalidRequestError(f"{where}: the path holds a NUL character", where)
     root = os.path.realpath(media_path)
-    path = os.path.realpath(os.path.join(root, unquote(parsed.path).lstrip("/")))
+    path = os.path.realpath(os.path.join(root, relative))
     if os.path.commonpath([root, path]) != root:
         raise InvalidRequestError(f"{where}: the path is outside --media-path", where)
     if not os.path.isfile(path):

@@ -31,6 +31,8 @@ _PRIMITIVES = {
     "boolean": '"true" | "false"',
     "null": '"null"',
 }
+FLAT_ENUM = 32  # enums with more values become a prefix tree of rules
+_END = ""  # trie key: a value ends here
 _DEPENDS = {
     "value": ("object", "array", "string", "number", "boolean", "null"),
     "object": ("string", "value"),
@@ -103,7 +105,7 @@ class GrammarBuilder:
             values = schema["enum"]
             if not isinstance(values, list) or not values:
                 raise InvalidRequestError(f"invalid enum at {hint}", "response_format")
-            return self.add(hint, " | ".join(gbnf_literal(_canonical(v)) for v in values))
+            return self.enum([_canonical(v) for v in values], hint)
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 alts = [self.schema(s, f"{hint}-{i}") for i, s in enumerate(schema[key])]
@@ -128,6 +130,47 @@ class GrammarBuilder:
         if kind in ("number", "integer", "boolean", "null"):
             return self.primitive(kind)
         return self.primitive("value")
+
+    def enum(self, texts: list[str], hint: str) -> str:
+        """A rule matching one of `texts`: alternatives when few, else a prefix tree of
+        rules (llama.cpp keeps one parse alive per alternative that matches so far, and
+        JSON strings all start with the same quote)."""
+        if len(texts) <= FLAT_ENUM:
+            return self.add(hint, " | ".join(gbnf_literal(t) for t in dict.fromkeys(texts)))
+        trie: dict[str, Any] = {}
+        for text in texts:
+            node = trie
+            for ch in text:
+                node = node.setdefault(ch, {})
+            node[_END] = {}
+        root = self._reserve(f"{hint}-t")
+        todo = [(trie, root)]
+        while todo:
+            node, name = todo.pop()
+            alternatives = ['""'] if _END in node else []
+            for ch, child in node.items():
+                if ch == _END:
+                    continue
+                label = ch
+                while len(child) == 1 and _END not in child:
+                    ((nxt, child),) = child.items()
+                    label += nxt
+                if list(child) == [_END]:
+                    alternatives.append(gbnf_literal(label))
+                    continue
+                sub = self._reserve(f"{hint}-t")
+                alternatives.append(f"{gbnf_literal(label)} {sub}")
+                todo.append((child, sub))
+            self._rules[name] = " | ".join(alternatives)
+        return root
+
+    def _reserve(self, base: str) -> str:
+        name, n = base, 1
+        while name in self._rules:
+            n += 1
+            name = f"{base}-{n}"
+        self._rules[name] = '""'
+        return name
 
     def render(self, root_body: str) -> str:
         lines = [f"root ::= {root_body}"]
@@ -158,17 +201,20 @@ class GrammarBuilder:
         return self.add(hint, body + ' "}"')
 
     def _optional_chain(self, keys: list[str], kv: dict[str, str], hint: str) -> str:
-        # memoized per (hint, keys): without it the alternatives take 2**len(keys) calls
-        memo_key = (hint, tuple(keys))
-        if memo_key in self._chains:
-            return self._chains[memo_key]
-        first, rest = keys[0], keys[1:]
-        if not rest:
-            return kv[first]
-        tail = " | ".join(self._optional_chain(rest[i:], kv, hint) for i in range(len(rest)))
-        rest_rule = self.add(f"{hint}-{first}-rest", f'( ", " ( {tail} ) )?')
-        self._chains[memo_key] = f"{kv[first]} {rest_rule}"
-        return self._chains[memo_key]
+        # memoized per (hint, keys): without it the alternatives take 2**len(keys) calls;
+        # built from the last key back (no recursion: 900 optional keys are fine)
+        chains: list[str] = [""] * len(keys)
+        for i in range(len(keys) - 1, -1, -1):
+            memo_key = (hint, tuple(keys[i:]))
+            if memo_key not in self._chains:
+                if i == len(keys) - 1:
+                    self._chains[memo_key] = kv[keys[i]]
+                else:
+                    tail = " | ".join(chains[i + 1 :])
+                    rest = self.add(f"{hint}-{keys[i]}-rest", f'( ", " ( {tail} ) )?')
+                    self._chains[memo_key] = f"{kv[keys[i]]} {rest}"
+            chains[i] = self._chains[memo_key]
+        return chains[0]
 
     def _array(self, schema: dict[str, Any], hint: str) -> str:
         if isinstance(schema.get("prefixItems"), list):

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 from enum import Enum
 from typing import Any
 
 from kvmem.chat.images import ImageCollector
+from kvmem.chat.json_limits import loads_limited
 from kvmem.errors import InvalidRequestError
 
 
@@ -141,12 +141,8 @@ def _tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
             raise InvalidRequestError(f"{at}.function.name is required", f"{at}.function")
         args = fn.get("arguments", {})
         if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
-                raise InvalidRequestError(
-                    f"{at}.function.arguments is not valid JSON", f"{at}.function.arguments"
-                ) from None
+            param = f"{at}.function.arguments"
+            args = loads_limited(args, param, param) if args.strip() else {}
         if not isinstance(args, dict):
             raise InvalidRequestError(
                 f"{at}.function.arguments must be a JSON object", f"{at}.function.arguments"

@@ -5,18 +5,21 @@ recursion: every keyword the builder reads has the right type; repetition bounds
 (minLength/maxLength, minItems/maxItems) are non-negative integers up to MAX_REPEAT and
 min <= max (llama.cpp's grammar parser allocates without bound for `x{5,2}`); minimum <=
 maximum; nesting depth, node count, enum/const sizes and pattern lengths are bounded.
+A local `$ref` is resolved and its target checked too (once per reference), so a bad
+keyword the walk would not otherwise reach (`{"$ref": "#/x", "x": {...}}`) is found.
 A violation is an InvalidRequestError naming the keyword and where it is.
 
-`check_grammar_text` bounds the finished grammar (size, and the repetition counts in
-it), for built grammars and for grammars a client sends as text.
+`check_grammar_text` checks the finished grammar (`kvmem.chat.grammar_check`: syntax,
+satisfiability, ambiguity and size limits), for built grammars and for grammars a client
+sends as text.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
+from kvmem.chat.grammar_check import check_grammar
 from kvmem.errors import InvalidRequestError
 
 MAX_DEPTH = 32  # schema nesting
@@ -26,7 +29,6 @@ MAX_LITERAL_CHARS = 64_000  # enum + const text, over the whole schema
 MAX_PATTERN_CHARS = 1000
 MAX_REPEAT = 1000  # minLength/maxLength/minItems/maxItems
 MAX_PROPERTIES = 1000  # properties over the whole schema
-MAX_GRAMMAR_CHARS = 256 * 1024
 
 _TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
@@ -58,6 +60,7 @@ def check_schema(schema: Any, param: str = "response_format") -> None:
     """InvalidRequestError(param) unless the grammar builder can use `schema` safely."""
     budget = {"nodes": 0, "enum": 0, "chars": 0, "props": 0}
     stack: list[tuple[Any, str, int]] = [(schema, "#", 1)]
+    refs: set[str] = set()  # each local $ref's target is checked once, where it points
     while stack:
         node, where, depth = stack.pop()
         if isinstance(node, bool):
@@ -91,6 +94,30 @@ def check_schema(schema: Any, param: str = "response_format") -> None:
         for key in _SCHEMA_ONE:
             if key in node:
                 stack.append((node[key], f"{where}/{key}", depth + 1))
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref not in refs:
+            refs.add(ref)
+            target = resolve_ref(schema, ref)
+            if target is not None:
+                stack.append((target, ref, depth + 1))
+
+
+def resolve_ref(root: Any, ref: str) -> Any:
+    """The node a local `$ref` (`#`, `#/a/b`, JSON-pointer escapes) points to, or None."""
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        return None
+    node = root
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
 
 
 def _check_keywords(node: dict[str, Any], where: str, param: str, budget: dict[str, int]) -> None:
@@ -147,25 +174,7 @@ def _check_keywords(node: dict[str, Any], where: str, param: str, budget: dict[s
         raise _fail(param, f"{where}/$ref", "'$ref' must be a string")
 
 
-_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')
-_REPEAT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
-
-
 def check_grammar_text(grammar: str, param: str = "grammar") -> None:
-    """InvalidRequestError unless `grammar` is small and its repetitions are bounded."""
-    if len(grammar) > MAX_GRAMMAR_CHARS:
-        raise InvalidRequestError(
-            f"the grammar has {len(grammar)} characters, more than {MAX_GRAMMAR_CHARS}", param
-        )
-    bare = _QUOTED.sub('""', grammar)
-    for match in _REPEAT.finditer(bare):
-        low = int(match.group(1))
-        high = match.group(2)
-        if low > MAX_REPEAT or (high and int(high) > MAX_REPEAT):
-            raise InvalidRequestError(
-                f"the grammar repeats {match.group(0)}: counts are limited to {MAX_REPEAT}", param
-            )
-        if high and int(high) < low:
-            raise InvalidRequestError(
-                f"the grammar repeats {match.group(0)}: the minimum is above the maximum", param
-            )
+    """InvalidRequestError unless llama.cpp can use `grammar` safely: every grammar, sent
+    as text or built from a schema or tools, passes `kvmem.chat.grammar_check`."""
+    check_grammar(grammar, param)

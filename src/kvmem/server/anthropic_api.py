@@ -74,4 +74,4 @@ async def count(request: Request) -> Response:
         r = parse_count_request(await read_json(request))
     except ClientGone:
         return client_left()
-    return JSONResponse({"input_tokens": count_tokens(request, chat_request(r))})
+    return JSONResponse({"input_tokens": await count_tokens(request, chat_request(r))})

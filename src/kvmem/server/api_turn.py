@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from kvmem.chat.prompt import tokenize_prompt
 from kvmem.chat.turn import TurnDone, TurnEvent
@@ -61,28 +62,34 @@ class QueuedTurn:
             self.job.cancel.set()  # a no-op after TurnDone; stops generation otherwise
 
 
-def prepare(request: Request, chat: ChatCompletionRequest) -> tuple[ServerState, ChatJob]:
-    """Validate and render like the chat route (400s before the job is queued)."""
+def prepare(
+    request: Request, chat: ChatCompletionRequest, loop: asyncio.AbstractEventLoop
+) -> tuple[ServerState, ChatJob]:
+    """Validate and render like the chat route (400s before the job is queued); runs in a
+    worker thread (`loop` is the request's event loop)."""
     state = _ready_state(request)
     assert state.template is not None and state.info is not None
     check_prompt_size(message_chars(chat.messages), state.info)
-    job = prepare_chat_job(
-        chat, state.settings, state.template, EventChannel(asyncio.get_running_loop())
-    )
+    job = prepare_chat_job(chat, state.settings, state.template, EventChannel(loop))
     check_prompt_size(len(job.rendered.text), state.info)
     return state, job
 
 
-def count_tokens(request: Request, chat: ChatCompletionRequest) -> int:
+async def count_tokens(request: Request, chat: ChatCompletionRequest) -> int:
     """The rendered prompt's token count (the vocabulary only: no generation slot)."""
-    state, job = prepare(request, chat)
-    assert state.vocab is not None
-    return len(tokenize_prompt(state.vocab, job.rendered).tokens)
+    loop = asyncio.get_running_loop()
+
+    def count() -> int:
+        state, job = prepare(request, chat, loop)
+        assert state.vocab is not None
+        return len(tokenize_prompt(state.vocab, job.rendered).tokens)
+
+    return await run_in_threadpool(count)
 
 
 async def start_turn(request: Request, chat: ChatCompletionRequest) -> QueuedTurn:
     """Queue the turn and wait until it starts; raises its error, or ClientGone."""
-    state, job = prepare(request, chat)
+    state, job = await run_in_threadpool(prepare, request, chat, asyncio.get_running_loop())
     assert state.info is not None
     state.worker.submit(job)
     first: Any = await _next_event(request, job.channel, job, state)

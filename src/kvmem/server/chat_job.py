@@ -122,7 +122,7 @@ def _grammar(
         check_grammar_text(request.grammar)
         return request.grammar
     if request.json_schema is not None:
-        return json_schema_grammar(request.json_schema)
+        return json_schema_grammar(request.json_schema, "json_schema")
     fmt = request.response_format
     if fmt is None or fmt.type == "text":
         return None

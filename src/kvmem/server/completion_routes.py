@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from kvmem.chat.json_grammar import json_schema_grammar
 from kvmem.chat.protocol import ChatEngine
@@ -41,6 +42,7 @@ from kvmem.server.error_map import error_payload
 from kvmem.server.json_body import parse_json_body
 from kvmem.server.live_timings import TimingProbe, TimingsSnapshot
 from kvmem.server.logit_bias import banned_tokens
+from kvmem.server.prompt_limits import check_parts_size
 from kvmem.server.props import served_model_id
 from kvmem.server.responses import SSE_DONE, sse_data
 from kvmem.server.routes import _ready_state
@@ -84,7 +86,7 @@ def _grammar(r: CompletionRequest) -> str | None:
         check_grammar_text(r.grammar)
         return r.grammar
     if r.json_schema is not None:
-        return json_schema_grammar(r.json_schema)
+        return json_schema_grammar(r.json_schema, "json_schema")
     return None
 
 
@@ -104,8 +106,11 @@ def _jobs(
     if openai and r.logprobs is not None and r.logprobs is not False:
         n_probs = 1 if r.logprobs is True else max(1, int(r.logprobs))
     banned = banned_tokens(vocab, r.logit_bias)
+    batch = prompt_parts(r.prompt)
+    for parts in batch:
+        check_parts_size(parts, vocab.info)  # before any tokenization
     jobs = []
-    for parts in prompt_parts(r.prompt):
+    for parts in batch:
         tokens = tokenize_parts(vocab, parts)
         job = CompletionJob(
             tokens=tokens,
@@ -158,7 +163,8 @@ async def _handle(request: Request, *, openai: bool) -> Response:
     state = _ready_state(request)
     assert state.info is not None and state.vocab is not None
     loop = asyncio.get_running_loop()
-    jobs = _jobs(state, r, lambda: EventChannel(loop), openai=openai)
+    # tokenization and grammar checks off the event loop: /health keeps answering
+    jobs = await run_in_threadpool(_jobs, state, r, lambda: EventChannel(loop), openai=openai)
     model = served_model_id(state.settings, state.info)
     effective = jobs[0][0].max_tokens
     shapes = [

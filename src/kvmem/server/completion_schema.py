@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvmem.errors import InvalidRequestError
-from kvmem.server.schemas import _is_type_tag
+from kvmem.server.schemas import MAX_REPEAT_PENALTY, MAX_TEMPERATURE, _is_type_tag
 
 
 class CompletionRequest(BaseModel):
@@ -23,11 +23,11 @@ class CompletionRequest(BaseModel):
     model: str | None = None
     n_predict: int | None = None
     max_tokens: int | None = None
-    temperature: float | None = Field(default=None, ge=0.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE)
     top_k: int | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repeat_penalty: float | None = Field(default=None, ge=0.0)
+    repeat_penalty: float | None = Field(default=None, ge=0.0, le=MAX_REPEAT_PENALTY)
     repeat_last_n: int | None = Field(default=None, ge=-1)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from kvmem.chat.turn import TurnDone
@@ -131,11 +132,16 @@ async def chat_completions(request: Request) -> Response:
     if n > 1 and chat.stream:
         raise InvalidRequestError("n > 1 is not supported with stream=true", "n")
     loop = asyncio.get_running_loop()
-    first = prepare_chat_job(chat, state.settings, state.template, EventChannel(loop))
-    if chat.logit_bias is not None and state.vocab is not None:
-        first.banned_tokens = banned_tokens(state.vocab, chat.logit_bias)
-    # n choices run one after another on the one KVMem lane, all from the one rendering
-    jobs = [first] + [first.another_choice(EventChannel(loop)) for _ in range(n - 1)]
+
+    def prepare() -> list[ChatJob]:  # template and grammar work, off the event loop
+        assert state.template is not None
+        first = prepare_chat_job(chat, state.settings, state.template, EventChannel(loop))
+        if chat.logit_bias is not None and state.vocab is not None:
+            first.banned_tokens = banned_tokens(state.vocab, chat.logit_bias)
+        # n choices run one after another on the one KVMem lane, all from the one rendering
+        return [first] + [first.another_choice(EventChannel(loop)) for _ in range(n - 1)]
+
+    jobs = await run_in_threadpool(prepare)
     check_prompt_size(len(jobs[0].rendered.text), state.info)
     model = served_model_id(state.settings, state.info)
     block_tokens = state.settings.engine.kvmem.block_tokens

@@ -1,8 +1,9 @@
 """llama-server's utility endpoints: `/tokenize`, `/detokenize`, `/apply-template`,
 `/chat/completions/input_tokens` and `GET /slots` (the slot actions are in slot_routes.py).
 
-Tokenization reads the model's vocabulary from the request thread, as llama-server does;
-it never waits for the generation slot.
+Tokenization reads the model's vocabulary in a worker thread (the event loop keeps
+answering /health), after the same size pre-check as chat; it never waits for the
+generation slot.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from kvmem.chat.messages import normalize_messages
 from kvmem.chat.prefill import plan_prefill
@@ -22,6 +24,12 @@ from kvmem.server.completion_routes import tokenize_parts
 from kvmem.server.completion_schema import prompt_parts
 from kvmem.server.error_map import envelope
 from kvmem.server.json_body import parse_json_body
+from kvmem.server.prompt_limits import (
+    check_id_count,
+    check_parts_size,
+    check_prompt_size,
+    message_chars,
+)
 from kvmem.server.routes import _ready_state
 from kvmem.server.schemas import parse_chat_request
 
@@ -55,23 +63,29 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
 async def tokenize(request: Request) -> JSONResponse:
     body = await _body(request)
     state = _state(request)
-    vocab = state.vocab
-    assert vocab is not None
+    return JSONResponse(await run_in_threadpool(_tokenize, state, body))
+
+
+def _tokenize(state: ServerState, body: dict[str, Any]) -> dict[str, Any]:
+    vocab, info = state.vocab, state.info
+    assert vocab is not None and info is not None
     add_special = _flag(body, "add_special", False)
     parse_special = _flag(body, "parse_special", True)
     with_pieces = _flag(body, "with_pieces", False)
     if "content" not in body:
-        return JSONResponse({"tokens": []})
+        return {"tokens": []}
     content = body["content"]
+    parts = prompt_parts(content)
+    if len(parts) != 1:
+        raise InvalidRequestError("'content' must be one prompt", "content")
+    check_parts_size(parts[0], info)
+    _check_ids(parts[0], info.n_vocab, "content")
     if isinstance(content, str) and not parse_special:
         tokens = vocab.tokenize(content, add_special=add_special, parse_special=False)
     else:
-        parts = prompt_parts(content)
-        if len(parts) != 1:
-            raise InvalidRequestError("'content' must be one prompt", "content")
         tokens = tokenize_parts(vocab, parts[0]) if add_special else _plain(vocab, parts[0])
     if not with_pieces:
-        return JSONResponse({"tokens": tokens})
+        return {"tokens": tokens}
     out = []
     for token in tokens:
         data = vocab.token_bytes(token)
@@ -80,7 +94,18 @@ async def tokenize(request: Request) -> JSONResponse:
         except UnicodeDecodeError:
             piece = list(data)
         out.append({"id": token, "piece": piece})
-    return JSONResponse({"tokens": out})
+    return {"tokens": out}
+
+
+def _check_ids(parts: list[Any], n_vocab: int, param: str) -> None:
+    for part in parts:
+        if isinstance(part, str):
+            continue
+        bad = [t for t in part if not 0 <= t < n_vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"token id {bad[0]} is out of range (vocabulary of {n_vocab})", param
+            )
 
 
 def _plain(vocab: Any, parts: list[Any]) -> list[int]:
@@ -97,25 +122,31 @@ def _plain(vocab: Any, parts: list[Any]) -> list[int]:
 async def detokenize(request: Request) -> JSONResponse:
     body = await _body(request)
     state = _state(request)
-    vocab = state.vocab
-    assert vocab is not None and state.info is not None
+    assert state.info is not None
     tokens = body.get("tokens", [])
     if not isinstance(tokens, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) for t in tokens
     ):
         raise InvalidRequestError("'tokens' must be a list of token ids", "tokens")
+    check_id_count(len(tokens), state.info)
     bad = [t for t in tokens if not 0 <= t < state.info.n_vocab]
     if bad:
         raise InvalidRequestError(f"token id {bad[0]} is out of range", "tokens")
-    text = b"".join(vocab.token_bytes(t) for t in tokens).decode("utf-8", "replace")
-    return JSONResponse({"content": text})
+    return JSONResponse({"content": await run_in_threadpool(_detokenize, state, tokens)})
+
+
+def _detokenize(state: ServerState, tokens: list[int]) -> str:
+    vocab = state.vocab
+    assert vocab is not None
+    return b"".join(vocab.token_bytes(t) for t in tokens).decode("utf-8", "replace")
 
 
 def _rendered(
     state: ServerState, body: dict[str, Any], add_generation_prompt: bool | None
 ) -> RenderedPrompt:
     chat = parse_chat_request(body)
-    assert state.template is not None
+    assert state.template is not None and state.info is not None
+    check_prompt_size(message_chars(chat.messages), state.info)  # the chat route's checks
     messages = normalize_messages(chat.messages, vision=False)
     plan = resolve_thinking(
         state.settings.thinking,
@@ -130,7 +161,7 @@ def _rendered(
         add_generation_prompt=add_generation_prompt,
         continue_final_message=chat.continue_final_message,
     )
-    return render_prompt(
+    rendered = render_prompt(
         state.template,
         prefill.messages,
         tools=tools or None,
@@ -138,6 +169,8 @@ def _rendered(
         add_generation_prompt=prefill.add_generation_prompt,
         prefill=prefill.text,
     )
+    check_prompt_size(len(rendered.text), state.info)
+    return rendered
 
 
 def _render(state: ServerState, body: dict[str, Any], add_generation_prompt: bool | None) -> str:
@@ -148,7 +181,8 @@ def _render(state: ServerState, body: dict[str, Any], add_generation_prompt: boo
 async def apply_template(request: Request) -> JSONResponse:
     body = await _body(request)
     state = _state(request)
-    return JSONResponse({"prompt": _render(state, body, body.get("add_generation_prompt"))})
+    prompt = await run_in_threadpool(_render, state, body, body.get("add_generation_prompt"))
+    return JSONResponse({"prompt": prompt})
 
 
 @utility_router.post("/chat/completions/input_tokens")
@@ -156,10 +190,13 @@ async def apply_template(request: Request) -> JSONResponse:
 async def chat_input_tokens(request: Request) -> JSONResponse:
     body = await _body(request)
     state = _state(request)
+    return JSONResponse({"input_tokens": await run_in_threadpool(_input_tokens, state, body)})
+
+
+def _input_tokens(state: ServerState, body: dict[str, Any]) -> int:
     rendered = _rendered(state, body, body.get("add_generation_prompt"))
     assert state.vocab is not None
-    prompt = tokenize_prompt(state.vocab, rendered)  # the template's markup is special
-    return JSONResponse({"input_tokens": len(prompt.tokens)})
+    return len(tokenize_prompt(state.vocab, rendered).tokens)  # the template's markup is special
 
 
 @utility_router.get("/slots")
