@@ -19,6 +19,7 @@ def test_decode_sweep_takes_ngl_all() -> None:
     assert ns.gpu_layers == -1
 
 
+@pytest.mark.llama
 def test_gpu_layers_reject_words_and_negatives(capsys: pytest.CaptureFixture[str]) -> None:
     for value in ("many", "-3"):
         with pytest.raises(SystemExit) as info:
@@ -42,6 +43,7 @@ def test_models_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.rstrip().endswith("install the parts with: pip install 'kvmem[qwen]'")
 
 
+@pytest.mark.llama
 def test_an_unknown_model_file_is_reported_before_loading(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
