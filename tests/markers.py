@@ -9,6 +9,8 @@ the files in FILE_MARKS get theirs whole; single tests elsewhere carry explicit 
 
 from __future__ import annotations
 
+import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -41,13 +43,26 @@ def path_marks(path: Path) -> tuple[str, ...]:
 
 
 def deselects(config: pytest.Config, marks: tuple[str, ...]) -> bool:
-    """Whether the run's `-m` expression leaves out a test carrying exactly `marks`."""
-    expr = config.getoption("markexpr", "")
-    if not expr or not marks:
-        return False
+    """Whether the run's `-m` expression leaves out every test carrying `marks`, whatever
+    other markers it has (so its file need not be imported)."""
+    expr = config.getoption("markexpr", "") or ""
+    if not expr or not marks or re.search(r"\b(?!(?:and|or|not)\b)\w+\s*\(", expr):
+        return False  # no filter, nothing known, or marker arguments: collect as usual
     from _pytest.mark.expression import Expression
 
-    return not Expression.compile(expr).evaluate(lambda name: name in marks)
+    others = sorted(set(re.findall(r"[A-Za-z_][\w.]*", expr)) - {"and", "or", "not", *marks})
+    if len(others) > 8:
+        return False
+    compiled = Expression.compile(expr)
+    for values in itertools.product((False, True), repeat=len(others)):
+        on = {*marks, *(name for name, v in zip(others, values, strict=True) if v)}
+        if compiled.evaluate(_carries(on)):
+            return False
+    return True
+
+
+def _carries(on: set[str]):
+    return lambda name, **kwargs: name in on
 
 
 def apply_marks(items: list[pytest.Item]) -> None:

@@ -9,8 +9,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
-from tests.markers import FILE_MARKS, MODEL_DIRS, NEITHER, TESTS, path_marks
+import pytest
+
+from tests.markers import FILE_MARKS, MODEL_DIRS, NEITHER, TESTS, deselects, path_marks
 
 ROOT = TESTS.parent
 FAST = "not llama and not model"
@@ -66,6 +69,30 @@ def test_every_test_file_under_a_model_directory_carries_model() -> None:
     assert path_marks(TESTS / "unit") == () and path_marks(TESTS / "bench") == ()
     assert path_marks(TESTS / "engine") == ("llama", "model")
     assert path_marks(TESTS / "conformance") == ()  # it holds test_launcher.py: needs neither
+
+
+@pytest.mark.parametrize(
+    ("expr", "both", "llama_only"),
+    [
+        ("", False, False),
+        ("not llama and not model", True, True),
+        ("not (llama or model)", True, True),
+        ("not model", True, False),
+        ("not slow and not model", True, False),
+        ("slow", False, False),  # a slow model test is still selected: its file is imported
+        ("not slow", False, False),
+        ("model and not slow", False, False),
+        ("llama", False, False),
+        ("foo(x=1) and not llama", False, False),  # marker arguments: never skipped by path
+    ],
+)
+def test_a_file_is_left_unimported_only_when_the_expression_rules_out_its_tests(
+    expr: str, both: bool, llama_only: bool
+) -> None:
+    config = SimpleNamespace(getoption=lambda name, default=None: expr)
+    assert deselects(config, ("llama", "model")) is both
+    assert deselects(config, ("llama",)) is llama_only
+    assert deselects(config, ()) is False
 
 
 def test_fast_set_collects_without_llama_cpp_or_models(tmp_path: Path) -> None:
