@@ -14,8 +14,7 @@ from kvmem.bench.agent_data import Question, QuestionType, build_episode, is_cor
 from kvmem.bench.conversation import Role
 from kvmem.bench.engines import Method
 from kvmem.bench.main import main
-
-from .fakes import FakeFactory
+from tests.fakes.bench import FakeFactory
 
 
 def count(text: str) -> int:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from kvmem.bench.conversation import ChatMLRenderer, Message, Role, last_tokens_only
 from kvmem.memory.spans import TokenSpan
-
-from .fakes import CharTokenizer
+from tests.fakes.bench import CharTokenizer
 
 MESSAGES = [
     Message(Role.SYSTEM, "sys"),

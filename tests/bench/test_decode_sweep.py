@@ -128,6 +128,8 @@ def test_run_sweep_ratios_against_stock_at_the_window() -> None:
     assert lines[3].startswith("stock@window") and lines[7].startswith("kvmem")
 
 
+@pytest.mark.llama
+@pytest.mark.model
 def test_command_on_a_tiny_synthetic_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

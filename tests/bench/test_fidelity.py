@@ -16,8 +16,7 @@ from kvmem.bench.engines import Method
 from kvmem.bench.fidelity import TurnFidelity, kl_divergence, log_softmax, run_fidelity, summarize
 from kvmem.bench.main import main
 from kvmem.bench.transcript import build_transcript, history_through
-
-from .fakes import N_VOCAB, FakeFactory
+from tests.fakes.bench import N_VOCAB, FakeFactory
 
 
 def reference_kl(p_logits: list[float], q_logits: list[float]) -> float:

@@ -27,6 +27,8 @@ def test_invalid_flags_fail_before_loading(capsys: pytest.CaptureFixture[str]) -
     assert "--max-tokens: must be positive" in capsys.readouterr().err
 
 
+@pytest.mark.llama
+@pytest.mark.model
 @pytest.mark.slow
 def test_short_run_is_identical(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["lookup-drafts", "--max-tokens", "24", "--functions", "2", "-t", "1"]

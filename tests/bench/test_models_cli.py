@@ -24,7 +24,8 @@ def test_gpu_layers_reject_words_and_negatives(capsys: pytest.CaptureFixture[str
         with pytest.raises(SystemExit) as info:
             build_parser().parse_args(["needle", "-ngl", value])
         assert info.value.code == 2
-    assert "argument -ngl/--gpu-layers: -3 is out of range: must be >= 0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "argument -ngl/--gpu-layers: -3 is out of range: must be in 0..2147483647" in err
 
 
 def test_models_rejects_an_unknown_name(capsys: pytest.CaptureFixture[str]) -> None:
@@ -42,6 +43,7 @@ def test_models_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.rstrip().endswith("install the parts with: pip install 'kvmem[qwen]'")
 
 
+@pytest.mark.llama
 def test_an_unknown_model_file_is_reported_before_loading(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -30,8 +30,7 @@ from kvmem.bench.needle_data import (
     needle_sentence,
 )
 from kvmem.errors import ConfigError
-
-from .fakes import CharTokenizer, FakeFactory
+from tests.fakes.bench import CharTokenizer, FakeFactory
 
 
 def count(text: str) -> int:

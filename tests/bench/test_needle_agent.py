@@ -24,8 +24,7 @@ from kvmem.bench.needle_data import Layout, NeedleKind, NeedleSpec, build_case, 
 from kvmem.bench.oracle import forced_spans
 from kvmem.errors import ConfigError
 from kvmem.memory.spans import TokenSpan
-
-from .fakes import CharTokenizer, FakeEngine, FakeFactory
+from tests.fakes.bench import CharTokenizer, FakeEngine, FakeFactory
 
 TOK = CharTokenizer()
 

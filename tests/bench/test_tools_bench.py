@@ -237,6 +237,8 @@ def test_summarize_reads_partial_logs_and_other_commands(tmp_path: Path) -> None
     assert "agent" in text and "0.5000" in text
 
 
+@pytest.mark.llama
+@pytest.mark.model
 def test_default_chars_per_token_fits_the_smollm2_tokenizer() -> None:
     """The default sizing lands the tool results within 4% of their token share."""
     import llama_cpp

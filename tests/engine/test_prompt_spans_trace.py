@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import io
 
-import pytest
-
 from kvmem.chat.prompt import build_prompt_tokens
 from kvmem.chat.template import ChatTemplate
 from kvmem.config import KVMemConfig
 
 from .helpers import GREEDY, make_engine
-
-pytestmark = pytest.mark.slow
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},

@@ -7,13 +7,10 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from kvmem.config import KVMemConfig
 
 from .helpers import GREEDY, filler_tokens, make_engine
-
-pytestmark = pytest.mark.slow
 
 BT = 128
 

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvmem.server.app import create_app
-from tests.server.app_helpers import settings as app_settings
-from tests.server.app_helpers import wait_ready
-from tests.server.fake_engine import FakeEngine
+from tests.fakes.app import settings as app_settings
+from tests.fakes.app import wait_ready
+from tests.fakes.engine import FakeEngine
 
 scalars = (
     st.none()

@@ -15,7 +15,7 @@ from kvmem.chat.prompt import render_prompt, tokenize_prompt
 from kvmem.chat.template import ChatTemplate
 from kvmem.errors import InvalidRequestError
 from kvmem.memory.spans import TokenSpan
-from tests.server.fake_engine import FakeEngine
+from tests.fakes.engine import FakeEngine
 
 TEMPLATE = "{% for m in messages %}[{{ m.content }}]{% endfor %}"
 

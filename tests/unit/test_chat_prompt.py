@@ -6,7 +6,7 @@ from kvmem.chat.messages import normalize_messages
 from kvmem.chat.prompt import build_prompt_tokens, render_prompt, tokenize_prompt
 from kvmem.chat.template import ChatTemplate
 from kvmem.memory.spans import TokenSpan
-from tests.server.fake_engine import FakeEngine, FakeInfo
+from tests.fakes.engine import FakeEngine, FakeInfo
 from tests.unit.test_chat_template import SMOLLM2_TEMPLATE
 
 CONVERSATION = [

@@ -25,7 +25,7 @@ from kvmem.chat.messages import last_user_index, normalize_messages
 from kvmem.chat.prompt import render_prompt, tokenize_prompt
 from kvmem.chat.template import ChatTemplate
 from kvmem.errors import TemplateError
-from tests.server.fake_engine import FakeEngine
+from tests.fakes.engine import FakeEngine
 
 VENDORED = Path(__file__).parent / "templates"
 SOURCES = {

@@ -16,7 +16,7 @@ from kvmem.chat.tool_calls import ToolCall, ToolFormat
 from kvmem.chat.tool_stream import ToolCallStream
 from kvmem.chat.turn import ChatFinish, TextDelta, ToolCallEvent, TurnDone, TurnRequest, run_turn
 from kvmem.memory.spans import TokenSpan
-from tests.server.fake_engine import FakeEngine
+from tests.fakes.engine import FakeEngine
 
 TOOLS = [
     {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}

@@ -10,7 +10,7 @@ from kvmem.chat.reasoning import THINK_TAGS, Channel
 from kvmem.chat.tool_calls import ToolFormat
 from kvmem.chat.turn import ChatFinish, TextDelta, ToolCallEvent, TurnDone, TurnRequest, run_turn
 from kvmem.memory.spans import TokenSpan
-from tests.server.fake_engine import FakeEngine
+from tests.fakes.engine import FakeEngine
 
 
 def prompt(text: str, *, opens_reasoning: bool = False) -> PromptTokens:

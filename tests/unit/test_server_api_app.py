@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from kvmem.cli.api_keys import ApiKeys
 from kvmem.server.app import create_app
 from kvmem.server.limits import ServerLimits
-from tests.server.app_helpers import USER, settings, sse_events, wait_ready
-from tests.server.fake_engine import FakeEngine
+from tests.fakes.app import USER, settings, sse_events, wait_ready
+from tests.fakes.engine import FakeEngine
 
 THINKING_TEMPLATE = (
     "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"

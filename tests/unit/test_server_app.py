@@ -13,8 +13,8 @@ from kvmem.cli.api_keys import ApiKeys
 from kvmem.server.app import create_app
 from kvmem.server.limits import ServerLimits
 from kvmem.server.settings import ServerSettings
-from tests.server.app_helpers import PROMPT, USER, settings, sse_events, wait_ready
-from tests.server.fake_engine import FakeEngine, FakeInfo
+from tests.fakes.app import PROMPT, USER, settings, sse_events, wait_ready
+from tests.fakes.engine import FakeEngine, FakeInfo
 
 
 @pytest.fixture()

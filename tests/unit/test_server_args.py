@@ -280,6 +280,7 @@ def test_every_flag_rejects_invalid_values(argv: list[str], flag: str) -> None:
     assert flag in str(info.value)
 
 
+@pytest.mark.model
 def test_file_checks(tmp_path: Path, gguf: str) -> None:
     text_file = tmp_path / "model.gguf"
     text_file.write_text("not a model")

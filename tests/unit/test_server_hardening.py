@@ -22,8 +22,8 @@ from kvmem.server.body_guard import BodyGuard
 from kvmem.server.json_body import parse_json_body
 from kvmem.server.limits import ServerLimits, byte_size, cors_origins, seconds
 from kvmem.server.log_redact import redact_query
-from tests.server.app_helpers import USER, settings, wait_ready
-from tests.server.fake_engine import FakeEngine
+from tests.fakes.app import USER, settings, wait_ready
+from tests.fakes.engine import FakeEngine
 
 BAD_SCHEMAS = [
     ({"type": "string", "minLength": 5, "maxLength": 2}, "#/minLength", "greater than"),

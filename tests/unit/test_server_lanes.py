@@ -16,7 +16,7 @@ from kvmem.errors import ConfigError, QueueFullError, ServerShuttingDownError
 from kvmem.server.channel import JobFailed
 from kvmem.server.metrics import ServerMetrics
 from kvmem.server.worker import EngineWorker, WorkerState
-from tests.server.fake_engine import FakeEngine, FakeStats
+from tests.fakes.engine import FakeEngine, FakeStats
 from tests.unit.test_server_worker import job
 
 

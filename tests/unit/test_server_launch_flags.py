@@ -20,8 +20,8 @@ from kvmem.models.catalog import model_names
 from kvmem.server.app import create_app
 from kvmem.server.main import main as server_main
 from kvmem.server.startup import configure_logging
-from tests.server.app_helpers import settings, wait_ready
-from tests.server.fake_engine import FakeEngine
+from tests.fakes.app import settings, wait_ready
+from tests.fakes.engine import FakeEngine
 
 
 def load(*argv: str):

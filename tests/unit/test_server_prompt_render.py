@@ -7,8 +7,8 @@ from fastapi.testclient import TestClient
 
 from kvmem.memory.spans import PromptSpans, TokenSpan
 from kvmem.server.app import create_app
-from tests.server.app_helpers import settings, wait_ready
-from tests.server.fake_engine import FakeEngine
+from tests.fakes.app import settings, wait_ready
+from tests.fakes.engine import FakeEngine
 
 TOOLS = [
     {

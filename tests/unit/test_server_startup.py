@@ -16,7 +16,7 @@ from kvmem.server.startup import (
     ready_record,
     requested_record,
 )
-from tests.server.fake_engine import FakeInfo, FakeStats
+from tests.fakes.engine import FakeInfo, FakeStats
 
 SILENT = logging.CRITICAL + 10
 

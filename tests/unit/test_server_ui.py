@@ -13,8 +13,8 @@ from kvmem.cli.server_config import load_server_settings
 from kvmem.errors import ConfigError
 from kvmem.server.app import create_app
 from kvmem.server.ui_files import PACKAGED_UI
-from tests.server.app_helpers import USER, settings, sse_events, wait_ready
-from tests.server.fake_engine import FakeEngine
+from tests.fakes.app import USER, settings, sse_events, wait_ready
+from tests.fakes.engine import FakeEngine
 
 PAGE_FILES = ("index.html", "app.js", "style.css", "vendor.js", "hljs-light.css", "hljs-dark.css")
 

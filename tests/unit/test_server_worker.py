@@ -21,7 +21,7 @@ from kvmem.server.channel import JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob
 from kvmem.server.metrics import ServerMetrics
 from kvmem.server.worker import EngineWorker, WorkerState
-from tests.server.fake_engine import FakeEngine
+from tests.fakes.engine import FakeEngine
 
 
 class ListChannel:

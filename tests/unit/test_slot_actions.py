@@ -12,8 +12,8 @@ from kvmem.cli.server_config import load_server_settings
 from kvmem.errors import ConfigError, InvalidRequestError
 from kvmem.server.app import create_app
 from kvmem.server.slot_routes import slot_file
-from tests.server.app_helpers import settings, wait_ready
-from tests.server.fake_engine import FakeEngine
+from tests.fakes.app import settings, wait_ready
+from tests.fakes.engine import FakeEngine
 
 
 @pytest.fixture()

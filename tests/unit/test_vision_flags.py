@@ -23,6 +23,7 @@ def load(*argv: str):
     return load_server_settings(list(argv), {})[0]
 
 
+@pytest.mark.model
 def test_projector_for_the_default_model(mmproj: str, tmp_path: Path) -> None:
     s = load("-mm", mmproj, "--image-max-tokens", "64", "--image-min-tokens", "8", "-t", "3")
     assert s.engine.vision == VisionSettings(mmproj, True, 8, 64, 3)
@@ -33,6 +34,7 @@ def test_projector_for_the_default_model(mmproj: str, tmp_path: Path) -> None:
     assert load().engine.vision is None
 
 
+@pytest.mark.model
 def test_projector_of_another_width_is_refused(tmp_path: Path) -> None:
     wide = write_mmproj(tmp_path / "wide.gguf", MmprojShape(n_embd_text=896))
     with pytest.raises(ConfigError, match="produces 896-wide embeddings but the model's .* 576"):
@@ -45,8 +47,16 @@ def test_projector_of_another_width_is_refused(tmp_path: Path) -> None:
         (["--image-min-tokens", "8"], "--image-min-tokens: needs a vision projector"),
         (["--image-max-tokens", "8"], "--image-max-tokens: needs a vision projector"),
         (["--media-path", "/tmp"], "--media-path: needs a vision projector"),
-        (["-mm", "{mm}", "--image-min-tokens", "9", "--image-max-tokens", "8"], "is more than"),
-        (["-mm", "{mm}", "--media-path", "/nonexistent/dir"], "not a directory"),
+        pytest.param(
+            ["-mm", "{mm}", "--image-min-tokens", "9", "--image-max-tokens", "8"],
+            "is more than",
+            marks=pytest.mark.model,  # the projector is checked against the default model
+        ),
+        pytest.param(
+            ["-mm", "{mm}", "--media-path", "/nonexistent/dir"],
+            "not a directory",
+            marks=pytest.mark.model,
+        ),
         (["-mm", "/nonexistent/mm.gguf"], "--mmproj: file not found"),
     ],
 )
@@ -55,6 +65,7 @@ def test_bad_vision_flags(mmproj: str, argv: list[str], message: str) -> None:
         load(*[a.replace("{mm}", mmproj) for a in argv])
 
 
+@pytest.mark.model
 def test_a_text_model_is_not_a_projector() -> None:
     from kvmem.engine import default_model_path
 
