@@ -215,6 +215,8 @@ def test_command_on_a_tiny_synthetic_model(
     assert after_2k["host_store_bytes"] == scoring_2k["host_store_bytes"]
 
 
+@pytest.mark.llama
+@pytest.mark.model
 @pytest.mark.slow
 def test_every_point_decodes_its_tokens_on_a_real_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

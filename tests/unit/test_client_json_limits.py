@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kvmem.server.app import create_app
-from tests.server.app_helpers import USER, settings, wait_ready
-from tests.server.fake_engine import FakeEngine
+from tests.fakes.app import USER, settings, wait_ready
+from tests.fakes.engine import FakeEngine
 
 DEEP = "[" * 100 + "]" * 100
 ARGUMENTS = [

@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from kvmem.chat.images import ImageCollector
 from kvmem.errors import InvalidRequestError
 from kvmem.server.app import create_app
-from tests.server.app_helpers import settings, wait_ready
-from tests.server.fake_engine import FakeEngine, FakeInfo
+from tests.fakes.app import settings, wait_ready
+from tests.fakes.engine import FakeEngine, FakeInfo
 
 N_CTX = 4096
 LONG = "x" * (4 * N_CTX)  # at 4 characters a token at most: at least 4096 tokens
