@@ -103,3 +103,26 @@ def test_no_mmap_reads_the_model_instead_of_mapping_it(
     server, _ = launch_line_server
     assert _maps_model(main_server)  # llama.cpp's default: the GGUF is mapped
     assert not _maps_model(server)  # --no-mmap: read into buffers, the file is not mapped
+
+
+def test_a_server_without_keys_answers_only_to_its_own_host_names(
+    main_server: LiveServer, launch_line_server: tuple[LiveServer, Path]
+) -> None:
+    """DNS rebinding: a page on evil.example (resolving to 127.0.0.1) sends its own name as
+    Host. Without an API key only IP addresses, localhost and --host names are served;
+    with a key every Host is (the key is the defence)."""
+    port = main_server.base_url.rsplit(":", 1)[1]
+    with httpx.Client(base_url=main_server.base_url, timeout=30) as http:
+        evil = http.get("/v1/models", headers={"Host": f"evil.example:{port}"})
+        assert evil.status_code == 403
+        assert evil.json()["error"]["type"] == "permission_error"
+        assert "'evil.example'" in evil.json()["error"]["message"]
+        assert http.get("/health", headers={"Host": "evil.example"}).status_code == 403
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", "LOCALHOST."):
+            assert http.get("/v1/models", headers={"Host": host}).status_code == 200, host
+    keyed, _ = launch_line_server
+    with keyed.http() as http:
+        r = http.get(
+            "/v1/models", headers={"Host": "evil.example", "Authorization": f"Bearer {KEY}"}
+        )
+        assert r.status_code == 200

@@ -73,6 +73,10 @@ NETWORK_TABLE: tuple[Flag, ...] = (
     F(("--cors-credentials",), "cors_credentials",
       "allow credentials (cookies, Authorization) from the allowed origins", None, True,
       "LLAMA_ARG_CORS_CREDENTIALS", negative=("--no-cors-credentials",), group=G.SERVER),
+    F(("--allowed-hosts",), "allowed_hosts",
+      "host names served without an API key besides IP addresses, localhost and --host "
+      "(DNS-rebinding defence: other Host headers get 403); * serves every name",
+      lim.host_names, (), metavar="LIST", shown_default="none", group=G.SERVER),
     F(("--api-key",), "api_key", "API key(s), comma-separated (CSV quoting); repeatable", str, None,
       "LLAMA_API_KEY", append=True, metavar="KEY", shown_default="none: no authentication",
       group=G.AUTH),

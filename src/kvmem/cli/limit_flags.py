@@ -22,6 +22,9 @@ DEFAULT_CORS_HEADERS = ("*",)
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kKmMgG]i?[bB]?|[bB])?\s*$")
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+_HOST_NAME = re.compile(
+    r"[a-z0-9]([a-z0-9\-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9\-]{0,61}[a-z0-9])?)*\.?"
+)
 _ORIGIN = re.compile(r"^(https?)://([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])(:\d{1,5})?$")
 
 
@@ -36,6 +39,7 @@ class ServerLimits:
     cors_methods: tuple[str, ...] = DEFAULT_CORS_METHODS
     cors_headers: tuple[str, ...] = DEFAULT_CORS_HEADERS  # ("*",): the headers asked for
     cors_credentials: bool = True
+    allowed_hosts: tuple[str, ...] = ()  # names served without an API key; ("*",): every one
     write_timeout_s: float = float(DEFAULT_TIMEOUT_S)  # a stalled response write closes
     threads_http: int | None = None  # the worker-thread limit of blocking work; None: 40
 
@@ -60,6 +64,23 @@ def seconds(text: str) -> float:
     if not math.isfinite(value) or value <= 0 or value > 86400:
         raise argparse.ArgumentTypeError(f"{text!r} is out of range: must be in (0, 86400] s")
     return value
+
+
+def host_names(text: str) -> tuple[str, ...]:
+    """A comma list of host names (no scheme, no port), or `*` alone."""
+    items = [item.strip().lower() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("empty host list: give host names or '*'")
+    if "*" in items:
+        if len(items) > 1:
+            raise argparse.ArgumentTypeError("'*' serves every host: give it alone")
+        return ("*",)
+    for item in items:
+        if not _HOST_NAME.fullmatch(item):
+            raise argparse.ArgumentTypeError(
+                f"invalid host name {item!r}: give a name such as myhost.lan, without scheme or port"
+            )
+    return tuple(items)
 
 
 def cors_origins(text: str) -> tuple[str, ...]:

@@ -170,6 +170,7 @@ def _limits(v: dict[str, Any], sources: Mapping[str, str]) -> ServerLimits:
         cors_methods=tuple(v["cors_methods"]),
         cors_headers=tuple(v["cors_headers"]),
         cors_credentials=bool(v["cors_credentials"]),
+        allowed_hosts=tuple(v["allowed_hosts"]),
         write_timeout_s=float(v["timeout"]),
         threads_http=threads_http if threads_http > 0 else None,
     )

@@ -32,6 +32,7 @@ from kvmem.server.connection_guard import (
     guarded_protocol,
     raise_fd_limit,
 )
+from kvmem.server.host_check import HostCheck, served_names
 from kvmem.server.log_redact import install_access_log_redaction
 from kvmem.server.startup import (
     bind_socket,
@@ -143,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     install_access_log_redaction()
     config = uvicorn.Config(
-        app,
+        HostCheck(app, served_names(settings)),  # outermost: a foreign Host gets nothing else
         log_config=None,
         access_log=settings.verbosity >= 4,
         lifespan="on",
