@@ -221,7 +221,7 @@ def test_api_key_in_a_url_is_not_logged(hostile: LiveServer) -> None:
 
 def test_body_shorter_than_content_length_gets_408(hostile: LiveServer) -> None:
     head = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         b"Content-Length: 100\r\n\r\n"
     )
     t0 = time.monotonic()
@@ -234,7 +234,7 @@ def test_body_shorter_than_content_length_gets_408(hostile: LiveServer) -> None:
 def test_client_leaving_mid_body_logs_nothing_unexpected(hostile: LiveServer) -> None:
     with socket.create_connection(("127.0.0.1", hostile.port)) as sock:
         sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
             b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
         )
         time.sleep(0.3)
@@ -249,7 +249,7 @@ def test_slow_clients_cannot_starve_health(hostile: LiveServer) -> None:
         for i in range(500):
             sock = socket.create_connection(("127.0.0.1", hostile.port), timeout=10)
             if i % 2:
-                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # headers never finish
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")  # headers never finish
             socks.append(sock)
         opened = time.monotonic()
         t0 = time.monotonic()
@@ -336,7 +336,7 @@ def test_queued_clients_that_leave_give_their_places_back(
         assert streaming.wait(120)
         body = json.dumps(NORMAL).encode()
         request = (
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
         )
         leavers = [socket.create_connection(("127.0.0.1", hostile.port)) for _ in range(16)]
