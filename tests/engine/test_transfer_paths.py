@@ -65,12 +65,14 @@ def test_staged_and_plain_paths_are_bit_identical(smollm2_path, cache):
         engine.close()
 
 
-def test_a_restore_uses_the_blobs_built_ahead_only_for_exactly_its_blocks(smollm2_path):
+@pytest.mark.parametrize("cache", ["f16", "q8_0", "q4_0"])
+def test_a_restore_uses_the_blobs_built_ahead_only_for_exactly_its_blocks(smollm2_path, cache):
     """`prepare` builds a coming restore's blobs on another thread, piece by piece as the
     restore would (here a buffer of one block: three pieces). A restore of exactly those
-    blocks sends them (no build on its own path); any other restore builds its own and
-    leaves them. Both give the logits of a never-evicted context."""
-    engine = make_engine(smollm2_path, kvmem=KVMemConfig(budget=2048, gen_reserve=256))
+    blocks sends them (no build on its own path); when the plan changed after the build
+    started (another restore) it builds its own and leaves them. Both give the logits of a
+    never-evicted context, bit for bit, in every cache type."""
+    engine = make_engine(smollm2_path, cache=cache, kvmem=KVMemConfig(budget=2048, gen_reserve=256))
     session, transfer = engine.session, engine.session.transfer
     try:
         prompt, token, reference = _never_evicted(engine, seed=15)
