@@ -231,6 +231,22 @@ def test_body_shorter_than_content_length_gets_408(hostile: LiveServer) -> None:
     assert time.monotonic() - t0 < BODY_TIMEOUT_S + 3
 
 
+@pytest.mark.parametrize("expect", [b"", b"Expect: 100-continue\r\n"])
+def test_a_declared_oversized_body_is_refused_at_once(hostile: LiveServer, expect: bytes) -> None:
+    """Content-Length: 100000000 and no body: a 413 without waiting for the body deadline,
+    and no `100 Continue` invitation first."""
+    head = (
+        b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100000000\r\n" + expect + b"\r\n"
+    )
+    t0 = time.monotonic()
+    response = raw_request(hostile.port, head, timeout=BODY_TIMEOUT_S + 10)
+    assert response.startswith(b"HTTP/1.1 413 "), response[:200]
+    assert b"100 Continue" not in response and b'"code": "payload_too_large"' in response
+    if expect:  # answered before any read (the idle drain without it: a unit test)
+        assert time.monotonic() - t0 < BODY_TIMEOUT_S  # the body deadline is not waited for
+
+
 def test_client_leaving_mid_body_logs_nothing_unexpected(hostile: LiveServer) -> None:
     with socket.create_connection(("127.0.0.1", hostile.port)) as sock:
         sock.sendall(

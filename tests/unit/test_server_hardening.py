@@ -349,3 +349,44 @@ def test_draining_stops_at_the_drain_limit(monkeypatch: pytest.MonkeyPatch) -> N
     read, events = _drain_run(1000, [b"x" * 1000] * 10, 10_000)
     assert read == 3  # 1000, 2000, 3000 > 2500: stop and answer
     assert events[-1] == "start 413"
+
+
+def _declared_run(headers: list[tuple[bytes, bytes]]) -> tuple[int, list[str], float]:
+    """BodyGuard on a declared 100 MB body whose client sends nothing: (reads, events, s)."""
+    events: list[str] = []
+    reads = 0
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("an oversized body reached the app")
+
+    async def receive() -> dict[str, object]:
+        nonlocal reads
+        reads += 1
+        await asyncio.sleep(3600)  # the body never comes
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, object]) -> None:
+        if message["type"] == "http.response.start":
+            events.append(f"start {message['status']}")
+
+    base = [(b"content-type", b"application/json"), (b"content-length", b"100000000")]
+    scope = {"type": "http", "method": "POST", "path": "/completion", "headers": base + headers}
+    guard = BodyGuard(app, max_body_bytes=1000, body_timeout_s=60.0)
+    t0 = time.monotonic()
+    asyncio.run(guard(scope, receive, send))
+    return reads, events, time.monotonic() - t0
+
+
+def test_a_declared_oversized_body_that_never_comes_gets_its_413_without_the_body_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(body_guard, "DRAIN_IDLE_S", 0.05)
+    reads, events, elapsed = _declared_run([])
+    assert (reads, events) == (1, ["start 413"])  # one read, given up when idle
+    assert elapsed < 30  # the 60 s body deadline is not waited for
+
+
+def test_expect_100_continue_with_an_oversized_length_is_refused_without_reading() -> None:
+    # reading would make the server send `100 Continue`, inviting the body it refuses
+    reads, events, _ = _declared_run([(b"expect", b"100-continue")])
+    assert (reads, events) == (0, ["start 413"])

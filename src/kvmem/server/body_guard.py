@@ -7,8 +7,11 @@
   `--body-timeout` seconds of the request's start (408 otherwise: a body trickled byte by
   byte, or one shorter than its Content-Length, no longer holds a connection forever).
   Before a 413 the rest of the body is read and dropped (at most `DRAIN_LIMIT` bytes,
-  within the same deadline): closing a socket with unread bytes makes the kernel reset
-  the connection, and the client would lose the 413 it was sent.
+  within the same deadline, and only while it keeps coming: `DRAIN_IDLE_S` without a byte
+  ends it): closing a socket with unread bytes makes the kernel reset the connection, and
+  the client would lose the 413 it was sent. A declared length over the limit with
+  `Expect: 100-continue` is answered 413 at once, without `100 Continue` (the client sends
+  nothing until told to).
   The app then receives the body in one message, and the client's disconnect after it.
 - A client that leaves while sending its body ends the request silently (no traceback).
 - HEAD is answered like GET (the HTTP layer drops the body).
@@ -37,6 +40,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 JSON_TYPES = ("application/json",)
 DRAIN_LIMIT = 64 * 1024 * 1024  # bytes of an oversized body read and dropped before the 413
+DRAIN_IDLE_S = 1.0  # a refused body that sends nothing for this long is not waited for
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -135,7 +139,9 @@ class BodyGuard:
             return
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await self._drain(receive, time.monotonic() + self.body_timeout_s)
+            expect = (_header(scope, b"expect") or b"").strip().lower()
+            if expect != b"100-continue":  # no receive(): the server sends no 100 Continue
+                await self._drain(receive, time.monotonic() + self.body_timeout_s)
             await self._too_large(send)
             return
         body = await self._read_body(receive, send)
@@ -154,14 +160,15 @@ class BodyGuard:
 
     @staticmethod
     async def _drain(receive: Receive, deadline: float) -> None:
-        """Read and drop the rest of a refused body, up to DRAIN_LIMIT bytes or the deadline."""
+        """Read and drop the rest of a refused body, up to DRAIN_LIMIT bytes or the deadline,
+        while it keeps coming."""
         dropped = 0
         while dropped <= DRAIN_LIMIT:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
             try:
-                message = await asyncio.wait_for(receive(), remaining)
+                message = await asyncio.wait_for(receive(), min(remaining, DRAIN_IDLE_S))
             except asyncio.TimeoutError:
                 return
             if message["type"] != "http.request" or not message.get("more_body", False):
