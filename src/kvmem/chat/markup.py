@@ -64,11 +64,12 @@ class Mask:
         self._runs = re.compile("|".join(f"{re.escape(ch)}+" for ch in self.texts))
 
     def apply(self, value: Any) -> Any:
-        """`value` with every control-token text in its strings replaced by its stand-ins."""
+        """`value` with every control-token text in its strings (dict keys too: argument
+        and parameter names) replaced by its stand-ins."""
         if isinstance(value, str):
             return self.pattern.sub(lambda m: self.stand_ins[m.group(0)] * len(m.group(0)), value)
         if isinstance(value, dict):
-            return {k: self.apply(v) for k, v in value.items()}
+            return {self.apply(k): self.apply(v) for k, v in value.items()}
         if isinstance(value, list):
             return [self.apply(v) for v in value]
         if isinstance(value, tuple):

@@ -80,7 +80,7 @@ def render_prompt(
         kwargs["enable_thinking"] = True  # llama-server's --reasoning auto: on where offered
     pattern = special_pattern(getattr(template, "special_texts", ()))
     avoid = template.source + template.bos_token + template.eos_token
-    mask = mask_for(pattern, (messages, tools, kwargs), avoid)
+    mask = mask_for(pattern, (messages, tools, kwargs, prefill), avoid)
     shown = _Masked(mask, messages, tools, kwargs)
     raw = template.render(
         shown.messages,
