@@ -247,6 +247,18 @@ def test_a_declared_oversized_body_is_refused_at_once(hostile: LiveServer, expec
         assert time.monotonic() - t0 < BODY_TIMEOUT_S  # the body deadline is not waited for
 
 
+def test_content_length_with_transfer_encoding_gets_400_and_a_closed_connection(
+    hostile: LiveServer,
+) -> None:
+    head = (
+        b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    )
+    response = raw_request(hostile.port, head, timeout=BODY_TIMEOUT_S + 10)  # reads to close
+    assert status_of(response) == 400, response[:300]
+    assert b"\"code\": \"ambiguous_length\"" in response and b"connection: close" in response
+
+
 def test_client_leaving_mid_body_logs_nothing_unexpected(hostile: LiveServer) -> None:
     with socket.create_connection(("127.0.0.1", hostile.port)) as sock:
         sock.sendall(

@@ -390,3 +390,26 @@ def test_expect_100_continue_with_an_oversized_length_is_refused_without_reading
     # reading would make the server send `100 Continue`, inviting the body it refuses
     reads, events, _ = _declared_run([(b"expect", b"100-continue")])
     assert (reads, events) == (0, ["start 413"])
+
+
+def test_content_length_with_transfer_encoding_is_refused_and_closed() -> None:
+    sent: list[dict] = []
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("an ambiguous request reached the app")
+
+    async def receive() -> dict[str, object]:
+        raise AssertionError("the body of an ambiguous request is not read")
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"5"),
+        (b"transfer-encoding", b"chunked"),
+    ]
+    scope = {"type": "http", "method": "POST", "path": "/completion", "headers": headers}
+    asyncio.run(BodyGuard(app, max_body_bytes=1000, body_timeout_s=5.0)(scope, receive, send))
+    assert sent[0]["status"] == 400 and (b"connection", b"close") in sent[0]["headers"]
+    assert json.loads(sent[1]["body"])["error"]["code"] == "ambiguous_length"

@@ -13,6 +13,8 @@
   `Expect: 100-continue` is answered 413 at once, without `100 Continue` (the client sends
   nothing until told to).
   The app then receives the body in one message, and the client's disconnect after it.
+- A request with both Content-Length and Transfer-Encoding is refused (400) and its
+  connection closed, as RFC 9112 section 6.1 allows and requires (request smuggling).
 - A client that leaves while sending its body ends the request silently (no traceback).
 - HEAD is answered like GET (the HTTP layer drops the body).
 - Errors on the Anthropic routes (/v1/messages...) use Anthropic's envelope.
@@ -123,6 +125,15 @@ class BodyGuard:
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope.get("method", "GET")
+        if _header(scope, b"content-length") is not None and _header(scope, b"transfer-encoding"):
+            await send_error(
+                send,
+                400,
+                "a request may not carry both Content-Length and Transfer-Encoding",
+                "invalid_request_error",
+                "ambiguous_length",
+            )
+            return
         if method == "HEAD":
             scope = {**scope, "method": "GET"}
         if method not in ("POST", "PUT", "PATCH"):
