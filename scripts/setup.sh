@@ -17,6 +17,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
+if ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
+  echo "setup: installing KVMem; llama-cpp-python 0.3.36 is built from source unless pip has" \
+    "its wheel cached (about 8-15 minutes on 2 cores, quiet meanwhile)"
+fi
 if [ "${1:-}" = "test" ]; then
   "$VENV/bin/python" -m pip install -q -e '.[test]'
 else

@@ -109,6 +109,10 @@ def test_readme_first_command_on_a_fresh_checkout(tmp_path: Path) -> None:
         assert answer["model"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
         assert (checkout / ".venv" / "bin" / "kvmem-server").exists()
         page = httpx.get(f"http://127.0.0.1:{port}/", timeout=30)  # the README's page address
+        # KVMem at work from the first chat: a 2K + 512 window in the 8K context, traced
+        kvmem = httpx.get(f"http://127.0.0.1:{port}/props", timeout=30).json()["kvmem"]
+        assert (kvmem["enabled"], kvmem["budget"], kvmem["gen_reserve"]) == (True, 2048, 512)
+        assert "KVMEM_PREFILL " in log_path.read_text()
         assert page.status_code == 200 and "<title>KVMem chat</title>" in page.text
     finally:
         proc.terminate()  # serve.sh exec's kvmem-server: this is the server's SIGTERM
