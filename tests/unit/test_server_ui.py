@@ -16,7 +16,15 @@ from kvmem.server.ui_files import PACKAGED_UI
 from tests.fakes.app import USER, settings, sse_events, wait_ready
 from tests.fakes.engine import FakeEngine
 
-PAGE_FILES = ("index.html", "app.js", "style.css", "vendor.js", "hljs-light.css", "hljs-dark.css")
+PAGE_FILES = (
+    "index.html",
+    "app.js",
+    "style.css",
+    "vendor.js",
+    "hljs-light.css",
+    "hljs-dark.css",
+    "favicon.ico",
+)
 
 
 def test_the_packaged_page_is_complete_and_references_only_its_own_files() -> None:
@@ -45,6 +53,9 @@ def test_page_is_public_while_the_api_needs_the_key() -> None:
         assert js.status_code == 200 and "javascript" in js.headers["content-type"]
         assert js.text == (PACKAGED_UI / "app.js").read_text()
         assert c.get("/vendor.js").status_code == 200
+        icon = c.get("/favicon.ico")  # what a browser asks for first: public, not a 404
+        assert icon.status_code == 200 and icon.content[:4] == b"\x00\x00\x01\x00"
+        assert icon.headers["content-type"] in ("image/x-icon", "image/vnd.microsoft.icon")
         assert c.get("/props").status_code == 401
         props = c.get("/props", headers={"Authorization": "Bearer sk-a"}).json()
         assert (props["webui"], props["webui_source"]) == (True, "packaged")
