@@ -50,7 +50,8 @@ class ChatRunner:
         self.engine = Engine(settings)
         self.line_open = False  # a reply's line on stdout has no newline yet
         self.chat = bool(ns.interactive)
-        self.engine.tracer.stream = _LineStart(self)
+        if self.chat:  # one-shot output stays byte for byte what was generated
+            self.engine.tracer.stream = _LineStart(self)
         self.template = None if ns.raw else ChatTemplate.from_engine_info(self.engine.info)
         self.messages: list[dict[str, Any]] = []
         self.raw_history: list[int] = []  # raw mode: prompt and output tokens so far
@@ -163,7 +164,8 @@ class ChatRunner:
             self.line_open = True
         tail = detok.flush()
         out.append(tail)
-        sys.stdout.write(tail + "\n")
+        if tail or self.line_open or not self.chat:  # a trace record may have ended the line
+            sys.stdout.write(tail + "\n")
         sys.stdout.flush()
         self.line_open = False
         return "".join(out)
