@@ -8,9 +8,20 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+import httpx
+
 from tests.server.conftest import LiveServer, clean_env, free_port, server_command, wait_healthy
 
 ADDRESS_SPACE_LIMIT = 6 * 1024**3  # far below the 23 GB the min>max schema once reached
+HI = [{"role": "user", "content": "Say hi."}]
+NORMAL = {"messages": HI, "max_tokens": 4, "temperature": 0}  # a short greedy request
+
+
+def normal_answer(server: LiveServer) -> str:
+    """The server's greedy answer to NORMAL (a hostile case must leave it unchanged)."""
+    r = httpx.post(server.base_url + "/v1/chat/completions", json=NORMAL, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
 
 
 def _limit_address_space() -> None:

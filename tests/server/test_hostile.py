@@ -18,7 +18,14 @@ import httpx
 import pytest
 
 from tests.server.conftest import LiveServer
-from tests.server.hostile_helpers import raw_request, start_limited, status_of
+from tests.server.hostile_helpers import (
+    HI,
+    NORMAL,
+    normal_answer,
+    raw_request,
+    start_limited,
+    status_of,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -45,8 +52,6 @@ ARGS = (
     "-lv",
     "4",
 )
-HI = [{"role": "user", "content": "Say hi."}]
-NORMAL = {"messages": HI, "max_tokens": 4, "temperature": 0}
 JSON_HEADERS = {"content-type": "application/json"}
 
 
@@ -59,9 +64,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def expected_normal(hostile: LiveServer) -> str:
-    r = httpx.post(hostile.base_url + "/v1/chat/completions", json=NORMAL, timeout=120)
-    assert r.status_code == 200
-    return r.json()["choices"][0]["message"]["content"]
+    return normal_answer(hostile)
 
 
 def _schema(schema: object) -> dict[str, object]:

@@ -12,13 +12,11 @@ import httpx
 import pytest
 
 from tests.server.conftest import LiveServer
-from tests.server.hostile_helpers import start_limited
+from tests.server.hostile_helpers import HI, normal_answer, start_limited
 
 pytestmark = pytest.mark.slow
 
 ARGS = ("-c", "2048", "-t", "1", "--no-ui")
-HI = [{"role": "user", "content": "Say hi."}]
-NORMAL = {"messages": HI, "max_tokens": 4, "temperature": 0}
 EMPTY_RANGE = (
     "invalid grammar: the character range z-a in rule 'root' is empty (its start is after its end)"
 )
@@ -53,18 +51,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def expected_normal(server: LiveServer) -> str:
-    r = httpx.post(server.base_url + "/v1/chat/completions", json=NORMAL, timeout=120)
-    assert r.status_code == 200
-    return r.json()["choices"][0]["message"]["content"]
+    return normal_answer(server)
 
 
 def _healthy_and_same(server: LiveServer, expected: str) -> None:
     started = time.monotonic()
     assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200
     assert time.monotonic() - started < 1.0
-    r = httpx.post(server.base_url + "/v1/chat/completions", json=NORMAL, timeout=120)
-    assert r.status_code == 200
-    assert r.json()["choices"][0]["message"]["content"] == expected
+    assert normal_answer(server) == expected
 
 
 @pytest.mark.parametrize(("grammar", "message"), GRAMMARS, ids=lambda v: str(v)[:30])

@@ -13,13 +13,11 @@ import httpx
 import pytest
 
 from tests.server.conftest import LiveServer
-from tests.server.hostile_helpers import start_limited
+from tests.server.hostile_helpers import normal_answer, start_limited
 
 pytestmark = pytest.mark.slow
 
 ARGS = ("-c", "2048", "-t", "1", "--no-ui", "--max-body-size", "64M")
-HI = [{"role": "user", "content": "Say hi."}]
-NORMAL = {"messages": HI, "max_tokens": 4, "temperature": 0}
 BIG = "The grass is green. " * 400_000  # 8 MB
 BIG_MESSAGES = {"messages": [{"role": "user", "content": BIG}]}
 
@@ -33,9 +31,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def expected_normal(server: LiveServer) -> str:
-    r = httpx.post(server.base_url + "/v1/chat/completions", json=NORMAL, timeout=120)
-    assert r.status_code == 200
-    return r.json()["choices"][0]["message"]["content"]
+    return normal_answer(server)
 
 
 @pytest.mark.parametrize(
@@ -80,8 +76,7 @@ def test_big_request_is_refused_at_once_and_health_answers(
     )
     assert result["seconds"] < 15  # the JSON body itself is parsed: the rest is a pre-check
     assert slowest < 1.0
-    r = httpx.post(server.base_url + "/v1/chat/completions", json=NORMAL, timeout=120)
-    assert r.json()["choices"][0]["message"]["content"] == expected_normal
+    assert normal_answer(server) == expected_normal
 
 
 def test_tokenize_ids_outside_the_vocabulary(server: LiveServer) -> None:
