@@ -23,6 +23,8 @@ InvalidRequestError naming the problem or the limit, when it:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kvmem.chat.grammar_ambiguity import max_live_parses
 from kvmem.chat.grammar_parse import (
     MAX_CODE_POINT,
@@ -280,22 +282,15 @@ class _Checker:
                     stack.append((nxt, iter(edges[nxt])))
 
     def leftmost_refs(self, alternatives: list[list[Item]]) -> set[str]:
-        refs: set[str] = set()
-        todo = [seq for seq in alternatives]
-        while todo:
-            for item in todo.pop():
-                if isinstance(item, RuleRef):
-                    refs.add(item.name)
-                elif isinstance(item, Group):
-                    todo.extend(item.alternatives)
-                elif isinstance(item, Repeat):
-                    todo.append([item.item])
-                if not self.is_nullable(item, self.nullable):
-                    break
-        return refs
+        """The rules an alternative can start with (past nullable items only)."""
+        return _refs(alternatives, lambda item: self.is_nullable(item, self.nullable))
 
 
-def _refs(alternatives: list[list[Item]]) -> set[str]:
+def _refs(
+    alternatives: list[list[Item]], read_past: Callable[[Item], bool] = lambda _: True
+) -> set[str]:
+    """The rules the alternatives refer to, reading each sequence only as far as
+    `read_past` allows (the item it refuses still counts)."""
     refs: set[str] = set()
     todo = list(alternatives)
     while todo:
@@ -306,6 +301,8 @@ def _refs(alternatives: list[list[Item]]) -> set[str]:
                 todo.extend(item.alternatives)
             elif isinstance(item, Repeat):
                 todo.append([item.item])
+            if not read_past(item):
+                break
     return refs
 
 
