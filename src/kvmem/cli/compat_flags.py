@@ -7,8 +7,8 @@ ACTIVE rows (kvmem.cli.flag_table_server).
 
 from __future__ import annotations
 
-from kvmem.cli.flag_spec import Flag, Program, Status
 from kvmem.cli.flag_table import flags_for
+from kvmem.settings.flag import Flag, Program, Status
 
 CompatFlag = Flag  # the record's former name
 NOOP_SWITCHES: tuple[Flag, ...] = flags_for(Program.SERVER, Status.NOOP)

@@ -1,6 +1,6 @@
 """The one flag table of kvmem-server and kvmem-cli.
 
-Every flag either program accepts is one `Flag` row (kvmem.cli.flag_spec), split by group
+Every flag either program accepts is one `Flag` row (kvmem.settings.flag), split by group
 into the `flag_table_*` modules. From this table kvmem.cli.flag_parser builds both argparse
 parsers, `--help` and the `LLAMA_ARG_*` environment bindings, and kvmem.cli.flag_doc the
 flag table in docs/server.md (`python -m kvmem.cli.flag_doc --write`; a unit test checks
@@ -9,21 +9,27 @@ that the doc is current).
 
 from __future__ import annotations
 
-from kvmem.cli.flag_spec import Flag, Program, Status
 from kvmem.cli.flag_table_cli import CLI_TABLE
 from kvmem.cli.flag_table_compat import NOOP_TABLE, REJECTED_TABLE
-from kvmem.cli.flag_table_kvmem import KV_CACHE_TABLE, KVMEM_TABLE
 from kvmem.cli.flag_table_network import NETWORK_TABLE
 from kvmem.cli.flag_table_server import SERVER_TABLE
-from kvmem.cli.flag_table_spec import SPEC_TABLE
+from kvmem.cli.kv_cache_flags import KVCacheFlags
+from kvmem.config import KVMemConfig
+from kvmem.settings import Flag, Program, Status, flags_of
+from kvmem.spec_config import SpecConfig
+
+KVMEM_PREFIX = "kvmem_"  # the argparse destinations of KVMemConfig's flags
+KV_CACHE_FLAGS: tuple[Flag, ...] = flags_of(KVCacheFlags)
+KVMEM_FLAGS: tuple[Flag, ...] = flags_of(KVMemConfig, KVMEM_PREFIX)
+SPEC_FLAGS: tuple[Flag, ...] = flags_of(SpecConfig, "spec_")
 
 FLAGS: tuple[Flag, ...] = (
     SERVER_TABLE
     + NETWORK_TABLE
     + CLI_TABLE
-    + KV_CACHE_TABLE
-    + KVMEM_TABLE
-    + SPEC_TABLE
+    + KV_CACHE_FLAGS
+    + KVMEM_FLAGS
+    + SPEC_FLAGS
     + NOOP_TABLE
     + REJECTED_TABLE
 )

@@ -8,9 +8,8 @@ kvmem-cli reads no environment variables besides KVMEM_TRACE.
 
 from __future__ import annotations
 
-from kvmem.cli.arg_types import int32, strict_float
-
-from .flag_spec import Flag, Group, Program
+from kvmem.settings.flag import Flag, Group, Program
+from kvmem.settings.values import int32, strict_float
 
 
 def _c(

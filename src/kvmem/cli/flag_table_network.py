@@ -8,10 +8,10 @@ no progress for that long closes the connection, which ends its generation).
 
 from __future__ import annotations
 
-from kvmem.cli import arg_types as t
 from kvmem.cli import limit_flags as lim
-from kvmem.cli.flag_spec import Flag
-from kvmem.cli.flag_spec import Group as G
+from kvmem.settings import values as t
+from kvmem.settings.flag import Flag
+from kvmem.settings.flag import Group as G
 
 F = Flag
 # fmt: off

@@ -2,16 +2,16 @@
 vision, GPU and logging flags with their meanings. The network side (listening, limits,
 CORS, keys, the page) is in kvmem.cli.flag_table_network.
 
-Each row is a `Flag` (kvmem.cli.flag_spec); the parser, the `LLAMA_ARG_*` bindings,
+Each row is a `Flag` (kvmem.settings.flag); the parser, the `LLAMA_ARG_*` bindings,
 `--help` and docs/server.md's flag table are generated from them (kvmem.cli.flag_parser).
 """
 
 from __future__ import annotations
 
-from kvmem.cli import arg_types as t
-from kvmem.cli.flag_spec import Flag
-from kvmem.cli.flag_spec import Group as G
-from kvmem.cli.flag_spec import Program as P
+from kvmem.settings import values as t
+from kvmem.settings.flag import Flag
+from kvmem.settings.flag import Group as G
+from kvmem.settings.flag import Program as P
 
 F = Flag
 LOAD_MODE_NAMES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")  # llama.cpp's -lm

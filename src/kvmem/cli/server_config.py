@@ -16,7 +16,6 @@ from typing import Any
 from kvmem.chat.template import check_template_source, resolve_template_source
 from kvmem.chat.thinking import ThinkingDefaults
 from kvmem.cli.api_keys import collect_api_keys
-from kvmem.cli.arg_types import FlashAttn, SplitMode
 from kvmem.cli.gpu_placement import gpu_placement
 from kvmem.cli.kvmem_flags import kvmem_config_from_args
 from kvmem.cli.limit_flags import ServerLimits
@@ -28,6 +27,7 @@ from kvmem.engine import MAX_LANES, EngineSettings
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
 from kvmem.sampling import SamplingParams
+from kvmem.settings.values import FlashAttn, SplitMode
 
 logger = logging.getLogger(__name__)
 
