@@ -2,7 +2,7 @@
 NOOP and REJECTED rows of the flag table (kvmem.cli.flag_table_compat), as views.
 
 `--slots`/`--no-slots`, `--reasoning-format` and `-v/--verbose` have meanings and are
-ACTIVE rows (kvmem.cli.flag_table_server).
+ACTIVE flags, declared on their settings records (kvmem.cli.flag_table lists them).
 """
 
 from __future__ import annotations
