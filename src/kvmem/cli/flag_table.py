@@ -3,7 +3,7 @@
 Each flag is one `Flag` row (kvmem.settings.flag). The settings records declare theirs on
 their fields (`kvmem.settings.setting`; `flags_of` reads them back): `KVMemConfig`,
 `KVCacheFlags`, `SpecConfig`, `ServerSettings`, `ServerLimits`, `SamplingParams`, the flag
-records of kvmem.cli.server_flags and kvmem-cli's. Only llama-server's compatibility rows
+records of kvmem.cli.server_flags and kvmem-cli's (kvmem.cli.cli_flags). Only llama-server's compatibility rows
 (accepted with no effect, rejected) are a table (kvmem.cli.flag_table_compat). From these
 rows kvmem.cli.flag_parser builds both argparse parsers, `--help` and the `LLAMA_ARG_*`
 environment bindings, and kvmem.cli.flag_doc the flag table in docs/server.md
@@ -12,7 +12,7 @@ environment bindings, and kvmem.cli.flag_doc the flag table in docs/server.md
 
 from __future__ import annotations
 
-from kvmem.cli.flag_table_cli import CLI_TABLE
+from kvmem.cli.cli_flags import CliFlags
 from kvmem.cli.flag_table_compat import NOOP_TABLE, REJECTED_TABLE
 from kvmem.cli.kv_cache_flags import KVCacheFlags
 from kvmem.cli.limit_flags import ServerLimits
@@ -27,6 +27,7 @@ KVMEM_PREFIX = "kvmem_"  # the argparse destinations of KVMemConfig's flags
 KV_CACHE_FLAGS: tuple[Flag, ...] = flags_of(KVCacheFlags)
 KVMEM_FLAGS: tuple[Flag, ...] = flags_of(KVMemConfig, KVMEM_PREFIX)
 SPEC_FLAGS: tuple[Flag, ...] = flags_of(SpecConfig, "spec_")
+CLI_FLAGS: tuple[Flag, ...] = flags_of(CliFlags)
 SERVER_FLAGS: tuple[Flag, ...] = tuple(
     row
     for record in (
@@ -44,7 +45,7 @@ SERVER_FLAGS: tuple[Flag, ...] = tuple(
 
 FLAGS: tuple[Flag, ...] = (
     SERVER_FLAGS
-    + CLI_TABLE
+    + CLI_FLAGS
     + KV_CACHE_FLAGS
     + KVMEM_FLAGS
     + SPEC_FLAGS
