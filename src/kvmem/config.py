@@ -5,6 +5,7 @@ Validation raises `ConfigError` naming the flag, and runs before any model is lo
 
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import dataclass
 from enum import Enum
@@ -16,6 +17,15 @@ from kvmem.memory.ggml_types import GgmlType, parse_kv_type
 from kvmem.memory.layout import PositionMode
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.scorer import ScoreAggregate, ScoreMode
+from kvmem.settings import Group, Program, setting
+from kvmem.settings.values import int32, layer_list
+
+_KVMEM = {"programs": Program.BOTH, "group": Group.KVMEM}
+
+
+def _n(default: int, name: str, help_text: str, shown: str | None = None) -> int:
+    """An integer `--kvmem-*` setting (int32 range)."""
+    return setting(default, name, help=help_text, parse=int32, metavar="N", shown=shown, **_KVMEM)
 
 
 class QueryReplay(Enum):
@@ -80,39 +90,131 @@ class KVCacheTypes:
 
 @dataclass(frozen=True, slots=True)
 class KVMemConfig:
-    """The `--kvmem-*` settings."""
+    """The `--kvmem-*` settings; each field declares its flag (kvmem.settings.setting)."""
 
-    enabled: bool = True
-    block_tokens: int = 128
-    budget: int = 32768
-    gen_reserve: int = 4096
-    sink_blocks: int = 1
-    recent_blocks: int = 2
-    method: RetrievalMethod = RetrievalMethod.RETRIEVAL
-    query_replay: QueryReplay = QueryReplay.AUTO
-    query_policy: QueryPolicy = QueryPolicy.AGENT
-    query_max_tokens: int = 512
-    query_source: QuerySource = QuerySource.MAIN
-    query_ahead: QueryAheadMode = QueryAheadMode.ON  # with the scoring source only
-    control_tokens: int = -1  # bound of the control tier; -1: budget / 4
-    trajectory_tokens: int = -1  # bound of the trajectory tier; -1: budget / 4
-    stream_tokens: int = -1  # newest tokens a prefill chunk sees; -1: budget / 2
-    stream_cap: int = 0  # diagnostic cap on the KV tokens a prefill chunk sees; 0: none
-    harvest_tokens: int = 0  # complete blocks harvested together once this many wait; 0: each
-    rank: RankMode = RankMode.SUMMARY  # what ranks the retrieval candidates
-    score_layers: tuple[int, ...] = ()  # empty: 8 layers spread over the depth
-    score_mode: ScoreMode = ScoreMode.KEY_BOUND
-    score_aggregate: ScoreAggregate = ScoreAggregate.MAX
-    score_mlogits: int = 128  # bound on one reselection's logits, in millions; 0: none
-    score_threads: int = 0  # threads scoring a reselection (0: one per core, at most 16)
-    positions: PositionMode = PositionMode.GATHER
-    trace: bool = False
+    enabled: bool = setting(
+        True, "--no-kvmem", help="plain llama.cpp with a full-size context (for comparison)",
+        flag_default=False, to_field=operator.not_, dest="no_kvmem", shown="disabled",
+        **_KVMEM,
+    )  # fmt: skip
+    budget: int = _n(32768, "--kvmem-budget", "GPU KV tokens for the selected working set")
+    gen_reserve: int = _n(4096, "--kvmem-gen-reserve", "GPU KV tokens reserved for new tokens")
+    block_tokens: int = _n(128, "--kvmem-block-tokens", "tokens per block")
+    sink_blocks: int = _n(1, "--kvmem-sink-blocks", "blocks at the start always kept")
+    recent_blocks: int = _n(2, "--kvmem-recent-blocks", "most recent blocks always kept")
+    method: RetrievalMethod = setting(
+        RetrievalMethod.RETRIEVAL, "--kvmem-method", help="block selection", **_KVMEM
+    )
+    score_mode: ScoreMode = setting(
+        ScoreMode.KEY_BOUND, "--kvmem-score-mode",
+        help="block summary scored against the query: bound (per-channel min/max, as in "
+        "Quest) or mean (mean key)", **_KVMEM,
+    )  # fmt: skip
+    score_aggregate: ScoreAggregate = setting(
+        ScoreAggregate.MAX, "--kvmem-score-aggregate",
+        help="per-block score from the query rows' attention over blocks: mean (over tokens "
+        "and heads) or max (the largest share any row gives the block)", **_KVMEM,
+    )  # fmt: skip
+    score_mlogits: int = _n(
+        128, "--kvmem-score-mlogits",
+        "bound on the logits (query rows x blocks x heads x layers, in millions) one "
+        "reselection computes; past it an even sample of the query tokens is scored",
+        "128; 0 = no bound",
+    )  # fmt: skip
+    score_threads: int = _n(
+        0, "--kvmem-score-threads", "threads that score a reselection (0 = one per CPU, at most 16)"
+    )
+    positions: PositionMode = setting(
+        PositionMode.GATHER, "--kvmem-positions",
+        help="where retrieved blocks sit in the window: gather (right before the recent "
+        "blocks, in order) or original (their own positions, with gaps)", **_KVMEM,
+    )  # fmt: skip
+    query_replay: QueryReplay = setting(
+        QueryReplay.AUTO, "--kvmem-query-replay", help="replay the query after reselection",
+        **_KVMEM,
+    )  # fmt: skip
+    query_policy: QueryPolicy = setting(
+        QueryPolicy.AGENT, "--kvmem-query-policy",
+        help="retrieval query: agent (the last user message and the live trajectory's tail), "
+        "user (the last user message) or tail (the prompt's tail); without a user message "
+        "the query is the prompt's tail", **_KVMEM,
+    )  # fmt: skip
+    query_max_tokens: int = _n(512, "--kvmem-query-max-tokens", "last N tokens of the query used")
+    query_source: QuerySource = setting(
+        QuerySource.MAIN, "--kvmem-query-source",
+        help="where the query vectors come from: main (the main context's eval callback) or "
+        "scoring (a second small context that decodes the sink and the query; the main "
+        "context then runs without an eval callback, as stock llama.cpp)", **_KVMEM,
+    )  # fmt: skip
+    query_ahead: QueryAheadMode = setting(  # with the scoring source only
+        QueryAheadMode.ON, "--kvmem-query-ahead",
+        help="with --kvmem-query-source scoring: on computes the query rows and the block "
+        "scores on a worker thread while the main context prefills, so the plan only "
+        "picks; off computes them after the prefill", **_KVMEM,
+    )  # fmt: skip
+    control_tokens: int = _n(  # -1: budget / 4
+        -1, "--kvmem-control-tokens",
+        "bound of the control-text tier (system prompt, tool definitions)", "-1 = budget/4",
+    )  # fmt: skip
+    trajectory_tokens: int = _n(  # -1: budget / 4
+        -1, "--kvmem-trajectory-tokens",
+        "bound of the live-trajectory tier (tool calls and results after the task)",
+        "-1 = budget/4",
+    )  # fmt: skip
+    stream_tokens: int = _n(  # -1: budget / 2
+        -1, "--kvmem-stream-tokens",
+        "bound of the newest tokens a prefill chunk sees besides sink and control",
+        "-1 = budget/2",
+    )  # fmt: skip
+    harvest_tokens: int = _n(
+        0, "--kvmem-harvest-tokens",
+        "complete blocks wait on the GPU until this many tokens of them do, then go to the "
+        "host in one state read (fewer GPU synchronisations in a prefill); always before an "
+        "eviction, a reselection and the end of a turn", "0 = each decode's blocks at once",
+    )  # fmt: skip
+    stream_cap: int = _n(
+        0, "--kvmem-stream-cap",
+        "diagnostic: cap on the KV tokens a prefill chunk sees, whatever the capacity "
+        "(the fidelity decomposition)", "0 = no cap",
+    )  # fmt: skip
+    rank: RankMode = setting(
+        RankMode.SUMMARY, "--kvmem-rank",
+        help="what ranks the retrieval candidates: summary (the block summaries, "
+        "--kvmem-score-mode), exact (the exact attention mass of the query rows over "
+        "every stored key: the fidelity oracle, CPU-heavy) or rerank (the summaries' best "
+        "2x budget blocks reordered by their exact mass, normalized with the pinned tiers)",
+        **_KVMEM,
+    )  # fmt: skip
+    score_layers: tuple[int, ...] = setting(  # empty: layers spread over the depth
+        (), "--kvmem-score-layers", help="attention layers used for scoring",
+        parse=layer_list, metavar="L1,L2,...",
+        shown="layers 1..n-1, 23 spread on deeper models", **_KVMEM,
+    )  # fmt: skip
     # disk tier and restart-safe sessions (memory/tiered_store.py, engine/session_persist.py)
-    disk_dir: str | None = None
-    host_mib: int = 0  # RAM cap of the block store; 0: unlimited
-    disk_mib: int = 0  # disk cap; 0: unlimited
-    conversations: int = 1  # sessions kept warm (engine/conversations.py)
-    conversations_mib: int = 0  # cap on the conversations' stored blocks; 0: none
+    disk_dir: str | None = setting(
+        None, "--kvmem-disk-dir", help="disk tier and restart-safe session store", parse=str,
+        metavar="DIR", shown="none, RAM only", **_KVMEM,
+    )  # fmt: skip
+    host_mib: int = _n(  # 0: unlimited
+        0, "--kvmem-host-mib", "RAM cap of the block store in MiB; older blocks go to disk",
+        "0 = no cap",
+    )  # fmt: skip
+    disk_mib: int = _n(0, "--kvmem-disk-mib", "disk cap of the block store in MiB", "0 = no cap")
+    conversations: int = _n(  # sessions kept warm (engine/conversations.py)
+        1, "--kvmem-conversations",
+        "conversations kept warm in host memory; a request goes to the one sharing the "
+        "longest prefix",
+    )  # fmt: skip
+    conversations_mib: int = _n(  # 0: no cap
+        0, "--kvmem-conversations-mib",
+        "cap in MiB on the conversations' stored blocks (RAM and disk); past it the least "
+        "recently used conversation is evicted", "0 = no cap",
+    )  # fmt: skip
+
+    trace: bool = setting(  # the flag unset (None): KVMEM_TRACE decides
+        False, "--kvmem-trace", help="print KVMEM_* trace records on stderr (also KVMEM_TRACE=1)",
+        flag_default=None, negative=("--no-kvmem-trace",), shown="KVMEM_TRACE", **_KVMEM,
+    )  # fmt: skip
 
     def validate(self) -> None:
         """Raise ConfigError for the first invalid value, naming its flag."""

@@ -12,6 +12,7 @@ from enum import Enum
 
 from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import GgmlType
+from kvmem.settings import Group, Program, setting
 
 MAX_DRAFT = 16
 # architectures whose MTP graph and draft memory the drafter (engine/mtp_draft.py) is built
@@ -43,12 +44,31 @@ def parse_spec_type(text: str) -> SpecType:
         ) from None
 
 
+_SPEC = {"programs": Program.BOTH, "group": Group.SPEC}
+
+
 @dataclass(frozen=True, slots=True)
 class SpecConfig:
-    type: SpecType = SpecType.NONE
-    n_max: int = 3  # draft tokens per step at most
-    kv_type: GgmlType = GgmlType.F16  # the draft's KV cache type (draft-mtp)
-    gate: bool = True  # draft only while drafting is faster than plain steps (draft_gate.py)
+    """The `--spec-*` settings; each field declares its flag. The flags' values are
+    resolved together (a draft bound needs a draft type) in kvmem.cli.spec_flags."""
+
+    type: SpecType = setting(
+        SpecType.NONE, "--spec-type", help=f"draft source: {', '.join(SPEC_TYPE_NAMES)}",
+        parse=str, flag_default="none", to_field=parse_spec_type, metavar="TYPE", **_SPEC,
+    )  # fmt: skip
+    n_max: int = setting(  # draft tokens per step at most
+        3, "--spec-draft-n-max", help="draft tokens per step at most", parse=str,
+        flag_default=None, metavar="N", shown="3", **_SPEC,
+    )  # fmt: skip
+    gate: bool = setting(  # draft only while drafting is faster than plain steps (draft_gate.py)
+        True, "--spec-gate",
+        help="draft only while steps with drafts are faster than plain steps (measured as it "
+        "decodes); --no-spec-gate drafts every step", negative=("--no-spec-gate",), **_SPEC,
+    )  # fmt: skip
+    kv_type: GgmlType = setting(  # the draft's KV cache type (draft-mtp)
+        GgmlType.F16, "--spec-kv-dtype", help="draft KV cache type for draft-mtp: f16 or q8_0",
+        parse=str, flag_default=None, metavar="TYPE", shown="f16", **_SPEC,
+    )  # fmt: skip
 
     @property
     def enabled(self) -> bool:

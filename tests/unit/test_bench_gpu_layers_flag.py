@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kvmem.bench.main import build_parser
-from kvmem.cli.arg_types import gpu_layers
+from kvmem.settings.values import gpu_layers
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:

@@ -7,9 +7,9 @@ import pytest
 from kvmem.cli import flag_doc
 from kvmem.cli.chat_cli import build_parser
 from kvmem.cli.flag_parser import env_bindings
-from kvmem.cli.flag_spec import Program, Status
 from kvmem.cli.flag_table import FLAGS, flags_for
 from kvmem.cli.server_args import build_server_parser
+from kvmem.settings.flag import Program, Status
 
 
 def test_docs_server_md_flag_table_is_current() -> None:

@@ -268,3 +268,16 @@ def test_cli_does_not_import_the_server() -> None:
             if _within(name, "kvmem.server")
         )
     assert bad == []
+
+
+def test_settings_import_only_the_standard_library_and_errors() -> None:
+    """kvmem.settings (flag records, value parsers, `setting()`) is the bottom layer."""
+    bad = []
+    for path in _sources(PACKAGE / "settings"):
+        for name in _imports(path):
+            top = name.split(".")[0]
+            stdlib = top == "__future__" or top in sys.stdlib_module_names
+            ours = _within(name, "kvmem.settings") or _within(name, "kvmem.errors")
+            if not stdlib and not ours:
+                bad.append(f"{path.relative_to(SRC)} imports {name}")
+    assert bad == []

@@ -137,7 +137,8 @@ def test_llama_server_flags_and_aliases(gguf: str, tmp_path: Path) -> None:
         True,
         4,
     )
-    assert (s.devices, s.split_mode, s.main_gpu, s.tensor_split) == (("CUDA0",), "none", 1, (1.0,))
+    placement = s.engine.placement
+    assert (placement.split_mode, placement.main_gpu, placement.tensor_split) == ("none", 1, (1.0,))
     assert s.sampling.temperature == 0.0 and s.sampling.seed == 7
     assert s.sources["ctx_size"] is Source.CLI and s.sources["port"] is Source.CLI
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from kvmem.cli.server_args import parse_server_argv
 from kvmem.cli.server_config import load_server_settings
 from kvmem.errors import ConfigError
 from kvmem.server.settings import Source
@@ -74,7 +75,7 @@ def test_boolean_env_values(value: str, expected: bool) -> None:
 def test_negated_boolean_env_and_cli_override_of_ui() -> None:
     assert load_server_settings([], {"LLAMA_ARG_NO_UI": "1"})[0].ui is False
     assert load_server_settings(["--ui"], {"LLAMA_ARG_UI": "false"})[0].ui is True
-    assert load_server_settings(["--no-mmproj-offload"], {})[0].mmproj_offload is False
+    assert parse_server_argv(["--no-mmproj-offload"], {}).values["mmproj_offload"] is False
 
 
 def test_unknown_llama_arg_names_warn_without_values() -> None:

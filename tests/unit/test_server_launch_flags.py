@@ -11,7 +11,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kvmem.cli.chat_cli import build_parser as build_cli_parser
-from kvmem.cli.flag_spec import Group
 from kvmem.cli.limit_flags import ServerLimits
 from kvmem.cli.server_args import build_server_parser
 from kvmem.cli.server_config import load_server_settings
@@ -20,6 +19,7 @@ from kvmem.models.catalog import model_names
 from kvmem.server.app import create_app
 from kvmem.server.main import main as server_main
 from kvmem.server.startup import configure_logging
+from kvmem.settings.flag import Group
 from tests.fakes.app import settings, wait_ready
 from tests.fakes.engine import FakeEngine
 

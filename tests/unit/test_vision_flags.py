@@ -27,7 +27,13 @@ def load(*argv: str):
 def test_projector_for_the_default_model(mmproj: str, tmp_path: Path) -> None:
     s = load("-mm", mmproj, "--image-max-tokens", "64", "--image-min-tokens", "8", "-t", "3")
     assert s.engine.vision == VisionSettings(mmproj, True, 8, 64, 3)
-    assert (s.mmproj, s.image_min_tokens, s.image_max_tokens, s.media_path) == (mmproj, 8, 64, None)
+    vision = s.engine.vision
+    assert (s.mmproj, vision.image_min_tokens, vision.image_max_tokens, s.media_path) == (
+        mmproj,
+        8,
+        64,
+        None,
+    )
     s = load("--mmproj", mmproj, "--no-mmproj-offload", "--media-path", str(tmp_path))
     assert s.engine.vision is not None and s.engine.vision.offload is False
     assert s.media_path == str(tmp_path)

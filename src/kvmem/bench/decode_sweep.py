@@ -22,12 +22,12 @@ import numpy as np
 from kvmem.bench.engines import GREEDY, BenchEngine, turn_profile
 from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.bench.transfer_report import transfer_table
-from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
 from kvmem.config import KVCacheTypes, KVMemConfig, QueryAheadMode, QuerySource
 from kvmem.errors import ConfigError
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.models import resolve_model_flag
+from kvmem.settings.values import gpu_layers
 
 logger = logging.getLogger(__name__)
 

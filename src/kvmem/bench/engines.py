@@ -19,7 +19,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from kvmem.bench.conversation import RenderedPrompt
-from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import (
     add_kv_cache_arguments,
     add_kvmem_arguments,
@@ -33,6 +32,7 @@ from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.spans import TokenSpan
 from kvmem.models import resolve_model_flag
 from kvmem.sampling import SamplingParams
+from kvmem.settings.values import gpu_layers
 
 logger = logging.getLogger(__name__)
 

@@ -21,13 +21,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kvmem.bench.report import format_table, machine_description, write_json
-from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
 from kvmem.config import KVMemConfig
 from kvmem.engine import MAX_LANES, EngineSettings
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
 from kvmem.sampling import SamplingParams
+from kvmem.settings.values import gpu_layers
 
 if TYPE_CHECKING:
     from kvmem.engine import Engine, EngineLanes

@@ -14,8 +14,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import strict_int
+from kvmem.settings.values import gpu_layers
 
 logger = logging.getLogger(__name__)
 

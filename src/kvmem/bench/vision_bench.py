@@ -22,7 +22,6 @@ import numpy as np
 
 from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.bench.synth_mmproj import MmprojShape, write_mmproj
-from kvmem.cli.arg_types import gpu_layers
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.config import KVMemConfig
 from kvmem.engine import EngineSettings, resolve_model_path
@@ -31,6 +30,7 @@ from kvmem.engine.settings import VisionSettings
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
 from kvmem.sampling import SamplingParams
+from kvmem.settings.values import gpu_layers
 
 if TYPE_CHECKING:
     from kvmem.engine import Engine

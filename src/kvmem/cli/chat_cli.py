@@ -17,11 +17,11 @@ from collections.abc import Sequence
 
 from kvmem.errors import ConfigError, KVMemError
 from kvmem.models import resolve_model_flag
+from kvmem.settings.flag import Program
+from kvmem.settings.values import MAX_THREADS
 
-from .arg_types import MAX_THREADS
 from .flag_parser import FlagArgumentParser
 from .flag_parser import build_parser as build_flag_parser
-from .flag_spec import Program
 from .kvmem_flags import kvmem_config_from_args
 from .spec_flags import spec_config_from_args
 
@@ -103,7 +103,7 @@ def settings_from_args(ns: argparse.Namespace):
         cache_types=flags.cache_types,
         kvmem=flags.kvmem,
         seed=ns.seed,
-        spec=spec_config_from_args(ns),  # --spec-* (flag_table_spec.py)
+        spec=spec_config_from_args(ns),  # --spec-* (declared on SpecConfig)
     )
     settings.validate()
     return settings

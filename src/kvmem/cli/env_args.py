@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvmem.cli.arg_types import parse_bool
 from kvmem.errors import ConfigError
+from kvmem.settings.values import parse_bool
 
 SECRET_ENV = frozenset({"LLAMA_API_KEY", "LLAMA_ARG_API_KEY"})
 _SECURITY_WORDS = ("API_KEY", "SSL", "TLS", "CERT")

@@ -1,4 +1,5 @@
-"""argparse parsers, `--help` and environment bindings, generated from the flag table.
+"""argparse parsers, `--help` and environment bindings, generated from the flag rows
+(the settings records' declared fields and the compatibility table: kvmem.cli.flag_table).
 
 `build_parser(program)` adds every row the program uses, grouped as in `--help`:
 ACTIVE rows with their parser, NOOP rows as accepted switches, REJECTED rows as actions
@@ -13,9 +14,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kvmem.cli.env_args import EnvBinding
-from kvmem.cli.flag_spec import SOURCED_GROUPS, Flag, Group, Program, Status
 from kvmem.cli.flag_table import flags_for
 from kvmem.errors import ConfigError
+from kvmem.settings.flag import SOURCED_GROUPS, Flag, Group, Program, Status
 
 
 class FlagArgumentParser(argparse.ArgumentParser):
@@ -169,12 +170,17 @@ def _checked(row: Flag) -> Callable[[str], Any] | None:
     return parse_choice
 
 
-def env_bindings(program: Program) -> list[EnvBinding]:
+def bindings_of(rows: tuple[Flag, ...]) -> list[EnvBinding]:
+    """The environment variables of `rows` (the ACTIVE ones that name one)."""
     return [
         EnvBinding(row.env, row.dest, _checked(row), negatable=bool(row.negative))
-        for row in flags_for(program, Status.ACTIVE)
-        if row.env
+        for row in rows
+        if row.env and row.status is Status.ACTIVE
     ]
+
+
+def env_bindings(program: Program) -> list[EnvBinding]:
+    return bindings_of(flags_for(program, Status.ACTIVE))
 
 
 def resolve(

@@ -11,10 +11,10 @@ handles specially.
 
 from __future__ import annotations
 
-from kvmem.cli import arg_types as t
-from kvmem.cli.flag_spec import Flag
-from kvmem.cli.flag_spec import noop as N
-from kvmem.cli.flag_spec import rejected as R
+from kvmem.settings import values as t
+from kvmem.settings.flag import Flag
+from kvmem.settings.flag import noop as N
+from kvmem.settings.flag import rejected as R
 
 # fmt: off
 NOOP_TABLE: tuple[Flag, ...] = (

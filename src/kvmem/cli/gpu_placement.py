@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 
+from kvmem.cli.server_flags import ModelFlags
 from kvmem.engine import GpuPlacement
 from kvmem.errors import ConfigError
 
 _DEVICE = re.compile(r"^[A-Za-z][A-Za-z_-]*?(\d+)$")
 
 
-def gpu_placement(
-    v: Mapping[str, Any], sources: Mapping[str, str], warnings: list[str]
-) -> GpuPlacement:
-    split_mode = v["split_mode"].value
-    main_gpu = int(v["main_gpu"])
-    devices: tuple[str, ...] = v["device"]
+def gpu_placement(m: ModelFlags, sources: Mapping[str, str], warnings: list[str]) -> GpuPlacement:
+    split_mode = m.split_mode.value
+    main_gpu = m.main_gpu
+    devices = m.device
     if devices and devices != ("none",):
         match = _DEVICE.match(devices[0])
         if match is None:
@@ -40,6 +38,4 @@ def gpu_placement(
             main_gpu = index
         elif main_gpu != index:
             warnings.append(f"--main-gpu {main_gpu} overrides the index of --device {devices[0]}")
-    return GpuPlacement(
-        split_mode=split_mode, main_gpu=main_gpu, tensor_split=tuple(v["tensor_split"])
-    )
+    return GpuPlacement(split_mode=split_mode, main_gpu=main_gpu, tensor_split=m.tensor_split)

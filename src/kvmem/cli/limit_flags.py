@@ -1,6 +1,7 @@
 """Resource bounds of kvmem-server (flags `--max-body-size`, `--header-timeout`,
 `--body-timeout`, `--keep-alive-timeout`, `--max-connections`, `-to/--timeout`,
-`--threads-http`, `--cors-*`) and the parsers of their values."""
+`--threads-http`, `--cors-*`, `--allowed-hosts`, declared on `ServerLimits`' fields) and the
+parsers of their values."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import argparse
 import math
 import re
 from dataclasses import dataclass
+
+from kvmem.settings import Group, setting
+from kvmem.settings.values import int_in_range, threads_http, token_list
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_HEADER_TIMEOUT_S = 10.0
@@ -26,22 +30,6 @@ _HOST_NAME = re.compile(
     r"[a-z0-9]([a-z0-9\-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9\-]{0,61}[a-z0-9])?)*\.?"
 )
 _ORIGIN = re.compile(r"^(https?)://([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])(:\d{1,5})?$")
-
-
-@dataclass(frozen=True, slots=True)
-class ServerLimits:
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
-    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
-    keep_alive_timeout_s: float = DEFAULT_KEEP_ALIVE_TIMEOUT_S
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    cors_origins: tuple[str, ...] = ()  # (): same-origin only; ("*",): every origin
-    cors_methods: tuple[str, ...] = DEFAULT_CORS_METHODS
-    cors_headers: tuple[str, ...] = DEFAULT_CORS_HEADERS  # ("*",): the headers asked for
-    cors_credentials: bool = True
-    allowed_hosts: tuple[str, ...] = ()  # names served without an API key; ("*",): every one
-    write_timeout_s: float = float(DEFAULT_TIMEOUT_S)  # a stalled response write closes
-    threads_http: int | None = None  # the worker-thread limit of blocking work; None: 40
 
 
 def byte_size(text: str) -> int:
@@ -103,3 +91,86 @@ def cors_origins(text: str) -> tuple[str, ...]:
                 f"invalid origin {item!r}: use scheme://host[:port], e.g. http://localhost:5173"
             )
     return tuple(item.lower() for item in items)
+
+
+_SERVER = {"group": Group.SERVER}
+
+
+def _automatic_threads(value: int) -> int | None:
+    return value if value > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """The resource bounds; each field declares its flag. kvmem.cli.server_config sets
+    `body_timeout_s` to -to/--timeout's value when only that is given."""
+
+    max_body_bytes: int = setting(
+        DEFAULT_MAX_BODY_BYTES, "--max-body-size", help="largest request body (bytes, or K/M/G)",
+        parse=byte_size, metavar="SIZE", shown="32M", dest="max_body_size", **_SERVER,
+    )  # fmt: skip
+    header_timeout_s: float = setting(
+        DEFAULT_HEADER_TIMEOUT_S, "--header-timeout",
+        help="seconds a connection may take to send its headers", parse=seconds, metavar="S",
+        dest="header_timeout", **_SERVER,
+    )  # fmt: skip
+    body_timeout_s: float = setting(
+        DEFAULT_BODY_TIMEOUT_S, "--body-timeout",
+        help="seconds a request may take to send its body", parse=seconds, metavar="S",
+        shown=f"{DEFAULT_BODY_TIMEOUT_S:g}, or --timeout's value when that is given",
+        dest="body_timeout", **_SERVER,
+    )  # fmt: skip
+    keep_alive_timeout_s: float = setting(
+        DEFAULT_KEEP_ALIVE_TIMEOUT_S, "--keep-alive-timeout",
+        help="seconds an idle keep-alive connection stays", parse=seconds, metavar="S",
+        dest="keep_alive_timeout", **_SERVER,
+    )  # fmt: skip
+    max_connections: int = setting(
+        DEFAULT_MAX_CONNECTIONS, "--max-connections",
+        help="open connections before new ones are closed", parse=int_in_range(2, 1_000_000),
+        metavar="N", **_SERVER,
+    )  # fmt: skip
+    cors_origins: tuple[str, ...] = setting(  # (): same-origin only; ("*",): every origin
+        (), "--cors-origins",
+        help="origins allowed cross-origin: a comma list, 'localhost' (any local origin) or "
+        "'*'; OPTIONS preflights are answered 200 either way, with "
+        "Access-Control-Allow-Origin only for these", parse=cors_origins,
+        env="LLAMA_ARG_CORS_ORIGINS", metavar="LIST",
+        shown="none: same-origin only (llama-server: *)", **_SERVER,
+    )  # fmt: skip
+    cors_methods: tuple[str, ...] = setting(
+        DEFAULT_CORS_METHODS, "--cors-methods", help="methods a preflight allows (comma list)",
+        parse=token_list, env="LLAMA_ARG_CORS_METHODS", metavar="LIST",
+        shown=", ".join(DEFAULT_CORS_METHODS), **_SERVER,
+    )  # fmt: skip
+    cors_headers: tuple[str, ...] = setting(  # ("*",): the headers asked for
+        DEFAULT_CORS_HEADERS, "--cors-headers",
+        help="request headers a preflight allows (comma list, or * = the headers it asks for)",
+        parse=token_list, env="LLAMA_ARG_CORS_HEADERS", metavar="LIST", shown="*", **_SERVER,
+    )  # fmt: skip
+    cors_credentials: bool = setting(
+        True, "--cors-credentials",
+        help="allow credentials (cookies, Authorization) from the allowed origins",
+        env="LLAMA_ARG_CORS_CREDENTIALS", negative=("--no-cors-credentials",), **_SERVER,
+    )  # fmt: skip
+    allowed_hosts: tuple[str, ...] = setting(  # names served without an API key; ("*",): all
+        (), "--allowed-hosts",
+        help="host names served without an API key besides IP addresses, localhost and "
+        "--host (DNS-rebinding defence: other Host headers get 403); * serves every name",
+        parse=host_names, metavar="LIST", shown="none", **_SERVER,
+    )  # fmt: skip
+    write_timeout_s: float = setting(  # a stalled response write closes
+        float(DEFAULT_TIMEOUT_S), "-to", "--timeout",
+        help="read/write timeout in seconds (1-86400): the deadline of a request's body "
+        "unless --body-timeout is given, and how long a response write may make no progress "
+        "before the connection is closed (its generation ends)",
+        parse=int_in_range(1, 86400), flag_default=DEFAULT_TIMEOUT_S, to_field=float,
+        env="LLAMA_ARG_TIMEOUT", metavar="N", dest="timeout", **_SERVER,
+    )  # fmt: skip
+    threads_http: int | None = setting(  # the worker-thread limit of blocking work; None: 40
+        None, "--threads-http",
+        help="threads that run blocking request work (file reads, tokenizing); -1 or 0 = "
+        "automatic (40); the generation has its own engine thread",
+        parse=threads_http, flag_default=-1, to_field=_automatic_threads,
+        env="LLAMA_ARG_THREADS_HTTP", metavar="N", **_SERVER,
+    )  # fmt: skip

@@ -19,8 +19,8 @@ from kvmem import __version__
 from kvmem.cli import flag_parser
 from kvmem.cli.env_args import MISSING, EnvBinding, check_env_names, read_env_value, supported_names
 from kvmem.cli.flag_parser import FlagArgumentParser, resolve
-from kvmem.cli.flag_spec import Flag, Program, Status
 from kvmem.cli.flag_table import flags_for
+from kvmem.settings.flag import Flag, Program, Status
 
 logger = logging.getLogger(__name__)
 

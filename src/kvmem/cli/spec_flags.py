@@ -1,4 +1,4 @@
-"""The speculative-decoding settings from the parsed flags (rows in flag_table_spec.py).
+"""The speculative-decoding settings from the parsed flags (declared on `SpecConfig`).
 
 `--spec-type ngram-simple` (alias `draft-ngram`) turns on prompt-lookup drafts;
 `--spec-draft-n-max N` bounds the draft per step (default 3); `--spec-kv-dtype f16|q8_0`
@@ -19,18 +19,18 @@ def spec_config_from_args(ns: argparse.Namespace) -> SpecConfig:
     """Build and validate the speculative settings; raises ConfigError naming the flag."""
     spec_type = parse_spec_type(ns.spec_type)
     n_max = _DEFAULTS.n_max
-    if ns.spec_draft_n_max is not None:
-        text = str(ns.spec_draft_n_max).strip()
+    if ns.spec_n_max is not None:
+        text = str(ns.spec_n_max).strip()
         if not text.isdigit():
             raise ConfigError("--spec-draft-n-max", f"invalid integer value: {text!r}")
         n_max = int(text)
         if spec_type is SpecType.NONE:
             raise ConfigError("--spec-draft-n-max", "needs --spec-type (drafting is off)")
     kv_type = _DEFAULTS.kv_type
-    if ns.spec_kv_dtype is not None:
-        name = str(ns.spec_kv_dtype).strip().lower()
+    if ns.spec_kv_type is not None:
+        name = str(ns.spec_kv_type).strip().lower()
         if name not in SPEC_KV_TYPES:
-            raise ConfigError("--spec-kv-dtype", f"use f16 or q8_0, got {ns.spec_kv_dtype!r}")
+            raise ConfigError("--spec-kv-dtype", f"use f16 or q8_0, got {ns.spec_kv_type!r}")
         if spec_type is not SpecType.MTP:
             raise ConfigError("--spec-kv-dtype", "applies to --spec-type draft-mtp only")
         kv_type = SPEC_KV_TYPES[name]

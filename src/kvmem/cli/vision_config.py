@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
+from kvmem.cli.server_flags import VisionFlags
 from kvmem.engine.mmproj_meta import check_projector
 from kvmem.engine.model_path import resolve_model_path
 from kvmem.engine.settings import VisionSettings
@@ -17,27 +17,24 @@ from kvmem.errors import ConfigError
 _ONLY_WITH_MMPROJ = ("image_min_tokens", "image_max_tokens", "media_path")
 
 
-def vision_from_values(v: dict[str, Any], model: str | None) -> VisionSettings | None:
+def vision_from_flags(f: VisionFlags, threads: int, model: str | None) -> VisionSettings | None:
     """None without --mmproj (the other vision flags are then refused)."""
-    mmproj = v.get("mmproj")
-    if mmproj is None:
+    if f.mmproj is None:
         for key in _ONLY_WITH_MMPROJ:
-            if v.get(key) is not None:
+            if getattr(f, key) is not None:
                 flag = "--" + key.replace("_", "-")
                 raise ConfigError(flag, "needs a vision projector (-mm/--mmproj)")
         return None
-    check_projector(str(mmproj), resolve_model_path(model))
-    lo, hi = v.get("image_min_tokens"), v.get("image_max_tokens")
+    check_projector(f.mmproj, resolve_model_path(model))
+    lo, hi = f.image_min_tokens, f.image_max_tokens
     if lo is not None and hi is not None and lo > hi:
         raise ConfigError("--image-min-tokens", f"{lo} is more than --image-max-tokens {hi}")
-    media = v.get("media_path")
-    if media is not None and not Path(media).is_dir():
-        raise ConfigError("--media-path", f"not a directory: {media}")
-    threads = v.get("threads")
+    if f.media_path is not None and not Path(f.media_path).is_dir():
+        raise ConfigError("--media-path", f"not a directory: {f.media_path}")
     return VisionSettings(
-        mmproj=str(mmproj),
-        offload=bool(v.get("mmproj_offload", True)),
+        mmproj=f.mmproj,
+        offload=f.mmproj_offload,
         image_min_tokens=lo or 0,
         image_max_tokens=hi or 0,
-        n_threads=threads if isinstance(threads, int) and threads > 0 else os.cpu_count() or 1,
+        n_threads=threads if threads > 0 else os.cpu_count() or 1,
     )

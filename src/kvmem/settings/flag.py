@@ -1,9 +1,11 @@
-"""The record type of the flag table (`kvmem.cli.flag_table*`).
+"""The record of one command-line flag (kvmem.settings.declare puts one on a settings field).
 
 One `Flag` describes one command-line flag for the programs that use it: its names, its
 value parser (None: a switch), default, choices, environment variable, help text, the
 `--help` group, and its status: ACTIVE (has a meaning), NOOP (accepted, documented as
-meaningless under KVMem) or REJECTED (parsed only to fail with `reason`).
+meaningless under KVMem) or REJECTED (parsed only to fail with `reason`). ACTIVE rows come
+from settings fields (`setting(...)`); NOOP and REJECTED rows are llama-server's
+compatibility table (kvmem.cli.flag_table_compat).
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class Flag:
     takes_value: bool = False  # NOOP/REJECTED: the flag consumes one value
     optional_value: bool = False  # NOOP: the value may be left out (`--log-colors [on]`)
     env_parse: Callable[[str], Any] | None = None  # the variable's parser when not `parse`
+    to_field: Callable[[Any], Any] | None = None  # the parsed value -> the settings field's
 
     @property
     def is_switch(self) -> bool:

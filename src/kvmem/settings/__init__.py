@@ -1,0 +1,11 @@
+"""Settings declarations: flag records, value parsers and `setting()` fields.
+
+The bottom of the layering next to kvmem.errors (standard library only), so that the
+records that carry flags (kvmem.config, kvmem.spec_config, the CLI's) need neither
+llama_cpp nor the engine.
+"""
+
+from .declare import flags_of, from_values, setting
+from .flag import Flag, Group, Program, Status
+
+__all__ = ["Flag", "Group", "Program", "Status", "flags_of", "from_values", "setting"]
