@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -142,3 +143,27 @@ def test_long_generation_spills_past_the_reserve(tmp_path):
     assert "tokens=600" in gen and "finish=length" in gen
     cells = int(gen.split("cells=")[1].split()[0])
     assert cells <= 1024 + 256
+
+
+def _bar_counts(stderr: str) -> list[int]:
+    """The `done` of each drawing of the `prompt` bar (tqdm's `prompt: 33%|...| 32/97 [...]`)."""
+    return [int(m) for m in re.findall(r"prompt:\s+\d+%\|[^|]*\| (\d+)/\d+", stderr)]
+
+
+def test_forced_progress_bar_counts_each_chunk_and_the_cap_is_marked(tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("The grass is green. The sky is blue. " * 8)
+    common = ("-f", str(prompt), "--raw", "-n", "2", "--ignore-eos", "--temp", "0", "-b", "32")
+    run = _cli(*common, "-ub", "32", "--progress-bar", "--kvmem-trace")
+    assert run.returncode == 0, run.stderr
+    n = int(re.search(r"KVMEM_PREFILL tokens=(\d+)", run.stderr).group(1))
+    assert n > 64
+    assert _bar_counts(run.stderr) == [0, *range(32, n, 32), n]
+    assert re.search(rf"prompt: 100%\|[^|]*\| {n}/{n} \[", run.stderr)
+    assert run.stderr.rstrip().endswith("[cut at the -n cap of 2 tokens]")
+    assert "[cut" not in run.stdout  # one-shot stdout stays the generated text
+    plain = _cli(*common)  # stderr is a pipe: no bar unless forced
+    assert plain.returncode == 0, plain.stderr
+    assert "prompt:" not in plain.stderr and "%|" not in plain.stderr
+    assert plain.stdout == run.stdout
+    assert plain.stderr.strip() == "[cut at the -n cap of 2 tokens]"

@@ -32,7 +32,8 @@ CLI_TABLE: tuple[Flag, ...] = (
     _c(("-p", "--prompt"), "prompt", "prompt text", str),
     _c(("-f", "--file"), "file", "read the prompt from a file", str),
     _c(("-n", "--n-predict", "--predict"), "n_predict",
-       "tokens to generate, -1 = until end of generation", int32, -1, group=Group.SAMPLING),
+       "most tokens per reply (a reply cut there is marked), -1 = until end of generation "
+       "or the context", int32, 1024, group=Group.SAMPLING),
     _c(("--temp",), "temp", "temperature, 0 = greedy", strict_float, 0.8, group=Group.SAMPLING),
     _c(("--top-k",), "top_k", "top-k, 0 = off", int32, 40, group=Group.SAMPLING),
     _c(("--top-p",), "top_p", "top-p", strict_float, 0.95, group=Group.SAMPLING),
@@ -55,5 +56,8 @@ CLI_TABLE: tuple[Flag, ...] = (
     _c(("-fa", "--flash-attn"), "flash_attn", "flash attention", str, "on",
        choices=("on", "off", "auto"), group=Group.MODEL),
     _c(("-v", "--verbose"), "verbose", "show llama.cpp's log", None, False),
+    _c(("--progress-bar",), "progress_bar",
+       "a progress bar on stderr while a long prompt is processed; --no-progress-bar: none",
+       None, None, negative=("--no-progress-bar",), shown_default="when stderr is a terminal"),
 )
 # fmt: on
