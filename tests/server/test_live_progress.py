@@ -1,7 +1,8 @@
 """`return_progress` on the real server: llama-server's `prompt_progress` chunks, one as the
 prompt's processing starts (processed == cache) and one per prefill chunk of `-b` tokens,
 on /completion, /v1/completions and /v1/chat/completions; the Anthropic and Responses APIs
-refuse the field with a 400 in their own error format."""
+refuse the field with a 400 in their own error format. The same server's `-n` caps every
+reply, as llama-server's does (a request's smaller max_tokens still wins)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from tests.server.conftest import LiveServer, start_server
 pytestmark = pytest.mark.slow
 
 BATCH = 32
+CAP = 3  # the server's -n: every reply's most tokens
 TEXT = "This is a test. " * 20
 
 
 @pytest.fixture(scope="module")
 def small_batch_server(server_logs: Path) -> Iterator[LiveServer]:
-    args = ["-c", "1024", "-b", str(BATCH), "-ub", str(BATCH), "-t", "2"]
+    args = ["-c", "1024", "-b", str(BATCH), "-ub", str(BATCH), "-t", "2", "-n", str(CAP)]
     server = start_server(args, server_logs)
     yield server
     assert server.stop() == 0, server.log()[-3000:]
@@ -133,3 +135,16 @@ def test_return_progress_refused_where_the_stream_has_no_place_for_it(
         assert r.json()["type"] == "error"
     else:
         assert error["param"] == "return_progress"
+
+
+def test_server_n_predict_caps_every_reply(small_batch_server: LiveServer) -> None:
+    ask = {"messages": [{"role": "user", "content": "Tell me a story."}], "temperature": 0}
+    with small_batch_server.http() as http:
+        props = http.get("/props").json()["default_generation_settings"]["params"]
+        replies = [
+            http.post("/v1/chat/completions", json={**ask, **extra}).json()
+            for extra in ({}, {"max_tokens": 2}, {"max_tokens": 50}, {"ignore_eos": True})
+        ]
+    assert props["n_predict"] == CAP
+    assert [r["usage"]["completion_tokens"] for r in replies] == [CAP, 2, CAP, CAP]
+    assert {r["choices"][0]["finish_reason"] for r in replies} == {"length"}
