@@ -121,7 +121,7 @@ class ChatRunner:
                 self.messages = [m for m in self.messages if m["role"] == "system"]
                 self.raw_history = []
                 print("(conversation forgotten)")
-            elif line.split()[0] in ("/save", "/trace"):
+            elif line.partition(" ")[0] in ("/save", "/trace"):
                 print(self._command(line))
             elif line.startswith("/"):
                 print(f"unknown command {line.split()[0]}: /help lists them")
