@@ -173,7 +173,7 @@ def test_forced_progress_bar_counts_each_chunk_and_the_cap_is_marked(tmp_path):
 def test_chat_at_the_context_drops_the_oldest_turns_and_goes_on(tmp_path):
     save = tmp_path / "chat.json"
     questions = [f"Question {i}: name one color of the rainbow." for i in range(4)]
-    stdin = "\n".join([*questions, f"/save {save}", "/exit"]) + "\n"
+    stdin = "\n".join([*questions, "", f"/save {save}", "/exit"]) + "\n"  # "": no command
     run = subprocess.run(
         [sys.executable, "-m", "kvmem.cli.chat_cli", "-i", "-c", "160", "-n", "16"]
         + ["--ignore-eos", "--temp", "0", "--no-kvmem", "-t", "1"],
