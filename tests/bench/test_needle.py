@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -259,6 +260,23 @@ def test_command_writes_json_and_heatmaps(
     assert case["oracle"] is False and case["needle_span"][1] > case["needle_span"][0]
     for method in ("full", "retrieval", "recency"):
         assert (tmp_path / f"needle_{method}.png").stat().st_size > 1000
+
+
+def test_command_draws_a_case_bar_only_when_forced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    factory = FakeFactory({Method.FULL: None, Method.RECENCY: 500}, sink=200)
+    monkeypatch.setattr(needle, "LlamaEngineFactory", lambda settings: factory)
+    args = ["needle", "--methods", "full,recency", "--lengths", "1500", "--depths", "3"]
+    args += ["--seeds", "1", "--kinds", "passkey", "--layouts", "document", "--no-plots"]
+    assert main(["--progress-bar", *args]) == 0
+    err = capsys.readouterr().err
+    done = [int(n) for n in re.findall(r"needle:\s+\d+%\|[^|]*\| (\d+)/6 ", err)]
+    assert sorted(set(done)) == list(range(7)) and done == sorted(done)  # one step a case
+    assert main(args) == 0  # stderr is captured, not a terminal: no bar
+    assert "needle:" not in capsys.readouterr().err
+    assert main(["--no-progress-bar", *args]) == 0
+    assert "needle:" not in capsys.readouterr().err
 
 
 def test_command_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 
@@ -142,3 +144,59 @@ def test_long_generation_spills_past_the_reserve(tmp_path):
     assert "tokens=600" in gen and "finish=length" in gen
     cells = int(gen.split("cells=")[1].split()[0])
     assert cells <= 1024 + 256
+
+
+def _bar_counts(stderr: str) -> list[int]:
+    """The `done` of each drawing of the `prompt` bar (tqdm's `prompt: 33%|...| 32/97 [...]`)."""
+    return [int(m) for m in re.findall(r"prompt:\s+\d+%\|[^|]*\| (\d+)/\d+", stderr)]
+
+
+def test_forced_progress_bar_counts_each_chunk_and_the_cap_is_marked(tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("The grass is green. The sky is blue. " * 8)
+    common = ("-f", str(prompt), "--raw", "-n", "2", "--ignore-eos", "--temp", "0", "-b", "32")
+    run = _cli(*common, "-ub", "32", "--progress-bar", "--kvmem-trace")
+    assert run.returncode == 0, run.stderr
+    n = int(re.search(r"KVMEM_PREFILL tokens=(\d+)", run.stderr).group(1))
+    assert n > 64
+    assert _bar_counts(run.stderr) == [0, *range(32, n, 32), n]
+    assert re.search(rf"prompt: 100%\|[^|]*\| {n}/{n} \[", run.stderr)
+    assert run.stderr.rstrip().endswith("[cut at the -n cap of 2 tokens]")
+    assert "[cut" not in run.stdout  # one-shot stdout stays the generated text
+    plain = _cli(*common)  # stderr is a pipe: no bar unless forced
+    assert plain.returncode == 0, plain.stderr
+    assert "prompt:" not in plain.stderr and "%|" not in plain.stderr
+    assert plain.stdout == run.stdout
+    assert plain.stderr.strip() == "[cut at the -n cap of 2 tokens]"
+
+
+def test_chat_at_the_context_drops_the_oldest_turns_and_goes_on(tmp_path):
+    save = tmp_path / "chat.json"
+    questions = [f"Question {i}: name one color of the rainbow." for i in range(4)]
+    stdin = "\n".join([*questions, "", f"/save {save}", "/exit"]) + "\n"  # "": no command
+    run = subprocess.run(
+        [sys.executable, "-m", "kvmem.cli.chat_cli", "-i", "-c", "160", "-n", "16"]
+        + ["--ignore-eos", "--temp", "0", "--no-kvmem", "-t", "1"],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("[cut at the -n cap of 16 tokens]") == len(questions)
+    drops = [
+        int(k)
+        for k in re.findall(
+            r"\(the conversation reached the 160-token context: the oldest (\d+) messages were "
+            r"dropped\)",
+            run.stdout,
+        )
+    ]
+    assert drops and all(k % 2 == 0 for k in drops)  # whole turns: a question and its reply
+    doc = json.loads(save.read_text())
+    assert doc["n_ctx"] == 160 and doc["model"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    messages = doc["messages"]
+    assert len(messages) == 2 * len(questions) - sum(drops)
+    assert [m["role"] for m in messages] == ["user", "assistant"] * (len(messages) // 2)
+    assert [m["content"] for m in messages[::2]] == questions[-(len(messages) // 2) :]
+    assert f"(saved {len(messages)} messages to {save})" in run.stdout

@@ -1,8 +1,10 @@
 """kvmem-cli -i in a real terminal (tmux): the banner, /help, Ctrl-C stopping a reply while
-the chat goes on, and the next message answered."""
+the chat goes on, the next message answered, /trace switching the KVMem trace (records on
+their own lines) and /save writing the conversation as JSON."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import subprocess
@@ -54,7 +56,7 @@ class Pane:
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is needed for a real terminal")
 def test_interactive_chat_banner_help_and_ctrl_c(tmp_path: Path) -> None:
-    status = tmp_path / "status"
+    status, saved = tmp_path / "status", tmp_path / "chat.json"
     cli = [sys.executable, "-m", "kvmem.cli.chat_cli", "-i", "--temp", "0", "-n", "400"]
     pane = Pane(f"{shlex.join(cli)}; echo $? > {status}")
     try:
@@ -71,6 +73,21 @@ def test_interactive_chat_banner_help_and_ctrl_c(tmp_path: Path) -> None:
         pane.wait_for("> ", after=stopped_at)
         pane.send("What is the capital city of Japan?", "Enter")
         pane.wait_for("Tokyo", after=stopped_at)
+        pane.send("/trace", "Enter")
+        text = pane.wait_for("(KVMem trace on: KVMEM_* records on stderr)", after=stopped_at)
+        traced_from = text.index("(KVMem trace on")
+        pane.send("Say hi.", "Enter")
+        text = pane.wait_for("KVMEM_GEN ", after=traced_from)
+        assert any(line.startswith("KVMEM_GEN tokens=") for line in text.splitlines())
+        pane.send("/trace", "Enter")
+        pane.wait_for("(KVMem trace off)", after=traced_from)
+        pane.send(f"/save {saved}", "Enter")
+        pane.wait_for(f"(saved 6 messages to {saved})", after=traced_from)
+        messages = json.loads(saved.read_text())["messages"]
+        assert [m["role"] for m in messages] == ["user", "assistant"] * 3
+        assert messages[0]["content"].startswith("Tell me a very long story")
+        assert messages[2]["content"] == "What is the capital city of Japan?"
+        assert "Tokyo" in messages[3]["content"] and messages[4]["content"] == "Say hi."
         pane.send("/exit", "Enter")
         deadline = time.monotonic() + 60
         while pane.alive() and time.monotonic() < deadline:

@@ -19,6 +19,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tqdm import tqdm
+
 from kvmem.bench import agent_final_tool
 from kvmem.bench.agent_data import Episode, Question, QuestionType, build_episode, is_correct
 from kvmem.bench.conversation import (
@@ -40,6 +42,7 @@ from kvmem.bench.engines import (
 )
 from kvmem.bench.report import format_table, fraction, machine_description, write_json
 from kvmem.cli.kvmem_flags import strict_int
+from kvmem.cli.progress_bar import stderr_bar
 from kvmem.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -83,6 +86,7 @@ def run_agent(
     last_n: int,
     max_tokens: int,
     final: str = "user",
+    bar: tqdm | None = None,  # a tqdm bar of the questions asked (kvmem-bench --progress-bar)
 ) -> list[AgentResult]:
     results: list[AgentResult] = []
     episodes: list[Episode] | None = None
@@ -91,6 +95,8 @@ def run_agent(
         try:
             if episodes is None:
                 episodes = build_episodes(engine, seeds, target_tokens)
+                if bar is not None:
+                    bar.reset(total=len(methods) * sum(len(e.questions) for e in episodes))
             renderer = make_renderer(engine)
             for episode in episodes:
                 engine.reset()
@@ -98,6 +104,8 @@ def run_agent(
                     results.append(
                         _ask(engine, renderer, method, episode, question, last_n, max_tokens, final)
                     )
+                    if bar is not None:
+                        bar.update()
         finally:
             engine.close()
     return results
@@ -217,15 +225,17 @@ def run(ns: argparse.Namespace) -> int:
         raise ConfigError("--episodes", "must be positive")
     last_n = ns.last_n or settings.kvmem.budget
     t0 = time.perf_counter()
-    results = run_agent(
-        LlamaEngineFactory(settings),
-        methods,
-        list(range(ns.episodes)),
-        target,
-        last_n,
-        ns.max_tokens,
-        ns.final,
-    )
+    with stderr_bar(ns.progress_bar, desc="agent", unit="question") as bar:
+        results = run_agent(
+            LlamaEngineFactory(settings),
+            methods,
+            list(range(ns.episodes)),
+            target,
+            last_n,
+            ns.max_tokens,
+            ns.final,
+            bar=bar,
+        )
     print(table(results))
     payload = {
         "command": "agent",

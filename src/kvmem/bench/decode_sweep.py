@@ -23,6 +23,7 @@ from kvmem.bench.engines import GREEDY, BenchEngine, turn_profile
 from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.bench.transfer_report import transfer_table
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
+from kvmem.cli.progress_bar import stderr_bar
 from kvmem.config import KVCacheTypes, KVMemConfig, QueryAheadMode, QuerySource
 from kvmem.errors import ConfigError
 from kvmem.memory.planner import RetrievalMethod
@@ -392,7 +393,14 @@ def run(ns: argparse.Namespace) -> int:
     if min(settings.contexts + (settings.budget,)) <= settings.gen_tokens:
         raise ConfigError("--gen-tokens", "every context must be larger than --gen-tokens")
     t0 = time.perf_counter()
-    results = run_sweep(settings, engine_opener(settings), progress=lambda r: logger.info("%s", r))
+    bar = stderr_bar(ns.progress_bar, total=len(settings.points()), desc="sweep", unit="case")
+
+    def progress(r: SweepResult) -> None:
+        bar.update()
+        logger.info("%s", r)
+
+    with bar:
+        results = run_sweep(settings, engine_opener(settings), progress=progress)
     print(table(results))
     if any(r.transfer for r in results):
         print()

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from tqdm import tqdm
 
 from kvmem.bench.conversation import make_renderer
 from kvmem.bench.coverage import window_coverage
@@ -34,6 +35,7 @@ from kvmem.bench.reference_cache import load_reference, reference_key, save_refe
 from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.bench.transcript import build_transcript, history_through
 from kvmem.cli.kvmem_flags import strict_int
+from kvmem.cli.progress_bar import stderr_bar
 from kvmem.errors import ConfigError
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
@@ -130,6 +132,7 @@ def run_fidelity(
     budget: int,
     cache_dir: str | None = None,
     cache_settings: dict[str, object] | None = None,
+    bar: tqdm | None = None,  # a tqdm bar of the turns scored (kvmem-bench --progress-bar)
 ) -> tuple[list[ForcedTurn], list[TurnFidelity]]:
     reference = factory.open(Method.FULL)
     try:
@@ -146,6 +149,8 @@ def run_fidelity(
     finally:
         reference.close()
     results: list[TurnFidelity] = []
+    if bar is not None:
+        bar.reset(total=len(steps) * len(methods))
     for method in methods:
         if method is Method.FULL or method is Method.LAST_N:
             raise ConfigError("--methods", "fidelity compares KVMem methods (retrieval, recency)")
@@ -154,6 +159,8 @@ def run_fidelity(
             for step, ref in zip(steps, ref_logits, strict=True):
                 logits = engine.teacher_force(step.prompt, step.continuation, query=step.query)
                 results.append(_score_turn(engine, method, step, ref, logits, budget))
+                if bar is not None:
+                    bar.update()
                 logger.info("%s turn %d: KL %.4f", method.value, step.index, results[-1].mean_kl)
         finally:
             engine.close()
@@ -308,16 +315,18 @@ def run(ns: argparse.Namespace) -> int:
     if target >= settings.n_ctx:
         raise ConfigError("--target-tokens", f"must be below -c {settings.n_ctx}")
     t0 = time.perf_counter()
-    steps, results = run_fidelity(
-        LlamaEngineFactory(settings),
-        methods,
-        ns.seed,
-        target,
-        ns.tool_size,
-        settings.kvmem.budget,
-        cache_dir=ns.reference_cache,
-        cache_settings=reference_settings(settings),
-    )
+    with stderr_bar(ns.progress_bar, desc="fidelity", unit="turn") as bar:
+        steps, results = run_fidelity(
+            LlamaEngineFactory(settings),
+            methods,
+            ns.seed,
+            target,
+            ns.tool_size,
+            settings.kvmem.budget,
+            cache_dir=ns.reference_cache,
+            cache_settings=reference_settings(settings),
+            bar=bar,
+        )
     summaries = summarize(results)
     print(tables(results, summaries))
     payload = {

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
+from kvmem.cli.progress_bar import stderr_bar
 from kvmem.config import KVMemConfig
 from kvmem.engine import MAX_LANES, EngineSettings
 from kvmem.errors import ConfigError
@@ -194,7 +195,7 @@ def run(ns: argparse.Namespace) -> int:
     try:
         measure(lanes, 1, min(16, ns.gen_tokens))  # warm-up (graph allocation)
         results = []
-        for n in counts:
+        for n in stderr_bar(ns.progress_bar, counts, desc="lanes", unit="case"):
             results.append(measure(lanes, n, ns.gen_tokens))
             logger.info("%d lanes: %.1f tok/s", n, results[-1]["aggregate_tok_s"])
         baseline = measure_baseline(lanes, counts, ns.gen_tokens) if ns.baseline else []

@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a progress line per case/turn on stderr (without llama.cpp's log)",
     )
+    parser.add_argument(
+        "--progress-bar",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a bar of the cases done on stderr (default: when stderr is a terminal)",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (
         synth_cli,

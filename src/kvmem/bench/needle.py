@@ -34,6 +34,7 @@ from kvmem.bench.needle_data import Layout, NeedleCase, NeedleKind, NeedleSpec, 
 from kvmem.bench.oracle import check_oracle_hook, forced_spans
 from kvmem.bench.report import format_table, fraction, machine_description, write_json
 from kvmem.cli.kvmem_flags import strict_int
+from kvmem.cli.progress_bar import stderr_bar
 from kvmem.errors import ConfigError
 from kvmem.memory.spans import TokenSpan
 
@@ -371,8 +372,10 @@ def run(ns: argparse.Namespace) -> int:
         }
 
     total = len(methods) * len(grid.specs())
+    bar = stderr_bar(ns.progress_bar, total=total, desc="needle", unit="case")
 
     def progress(r: NeedleResult) -> None:
+        bar.update()
         logger.info(
             "[%d/%d] %s %s/%s %d d=%.2f seed=%d%s: %s %r (%d tokens, %d cached, stage-in %d)",
             len(done) + 1,
@@ -393,17 +396,18 @@ def run(ns: argparse.Namespace) -> int:
         done.append(r)
         write_json(ns.out, "needle.json", payload(done, [], complete=False))
 
-    results = run_needle(
-        LlamaEngineFactory(settings),
-        methods,
-        grid.specs(),
-        last_n,
-        ns.max_tokens,
-        progress=progress,
-        reset_each_case=ns.reset_each_case,
-        n_ctx=settings.n_ctx,
-        oracle=ns.oracle,
-    )
+    with bar:
+        results = run_needle(
+            LlamaEngineFactory(settings),
+            methods,
+            grid.specs(),
+            last_n,
+            ns.max_tokens,
+            progress=progress,
+            reset_each_case=ns.reset_each_case,
+            n_ctx=settings.n_ctx,
+            oracle=ns.oracle,
+        )
     print(tables(results))
     plots: list[str] = []
     if ns.out and not ns.no_plots:

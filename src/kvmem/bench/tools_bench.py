@@ -45,6 +45,7 @@ from kvmem.bench.tools_records import (
 )
 from kvmem.bench.transfer_report import bandwidths, transfer_table
 from kvmem.cli.kvmem_flags import strict_float, strict_int
+from kvmem.cli.progress_bar import stderr_bar
 from kvmem.errors import BenchServerError, ConfigError
 
 logger = logging.getLogger(__name__)
@@ -164,8 +165,10 @@ def run(ns: argparse.Namespace) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
         jsonl = (out_dir / f"tools_{ns.label}.jsonl").open("w")
     t0 = time.perf_counter()
+    bar = stderr_bar(ns.progress_bar, total=ns.rounds + 1, desc="tools", unit="round")
 
     def on_round(record: RoundRecord) -> None:
+        bar.update()
         logger.info("round %d: %s", record.round, record)
         if jsonl is not None:
             jsonl.write(json.dumps(asdict(record)) + "\n")

@@ -7,7 +7,7 @@ engine; the real `Engine` satisfies it structurally.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -106,6 +106,7 @@ class ChatEngine(Protocol):
         logits_out: list[np.ndarray] | None = None,
         ignore_eos: bool = False,
         banned_tokens: Sequence[int] = (),
+        progress: Callable[[Any], None] | None = None,  # engine.trace.PrefillProgress
     ) -> Iterator[int]: ...
 
     def reset(self) -> None: ...

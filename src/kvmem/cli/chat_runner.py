@@ -10,16 +10,21 @@ from pathlib import Path
 from typing import Any
 
 from kvmem.chat.detokenize import IncrementalDetokenizer
-from kvmem.chat.prompt import build_prompt_tokens
+from kvmem.chat.prompt import PromptTokens, build_prompt_tokens
 from kvmem.chat.template import ChatTemplate
 from kvmem.engine import Engine, EngineSettings
 from kvmem.errors import ConfigError, TurnCancelledError
 from kvmem.memory.spans import TokenSpan
 from kvmem.sampling import SamplingParams
 
+from .chat_commands import reply_room, save_conversation, switch_trace, too_long
+from .progress_bar import PromptBar
+
 HELP = """commands:
   /help          this list
   /reset         forget the conversation (and its KV history)
+  /save FILE     write the conversation to FILE as JSON
+  /trace [on|off]  switch the KVMem trace (KVMEM_* records on stderr)
   /exit, /quit   leave (or Ctrl-D)
 Ctrl-C while a reply is written stops that reply; the conversation goes on."""
 
@@ -116,13 +121,25 @@ class ChatRunner:
                 self.messages = [m for m in self.messages if m["role"] == "system"]
                 self.raw_history = []
                 print("(conversation forgotten)")
+            elif line.partition(" ")[0] in ("/save", "/trace"):
+                print(self._command(line))
             elif line.startswith("/"):
                 print(f"unknown command {line.split()[0]}: /help lists them")
             elif line:
                 self._turn(line)
 
+    def _command(self, line: str) -> str:
+        name, _, arg = line.partition(" ")
+        arg = arg.strip()
+        if name == "/save":
+            return save_conversation(self, arg)
+        return switch_trace(self.engine.tracer, arg)
+
     def _turn(self, text: str) -> str:
-        tokens, query = self._prompt_tokens(text)
+        prompt = self._prompt_tokens(text)
+        if prompt is None:
+            return ""
+        tokens, query = prompt
         cancel = threading.Event()  # Ctrl-C in a chat: the turn stops at its next step
         previous = signal.signal(signal.SIGINT, lambda *_: cancel.set()) if self.chat else None
         try:
@@ -139,6 +156,8 @@ class ChatRunner:
             return ""
         if cancel.is_set():
             print("[stopped]")
+        else:
+            self._mark_cut()
         if self.template is not None:
             self.messages.append({"role": "assistant", "content": answer})
         return answer
@@ -148,20 +167,26 @@ class ChatRunner:
     ) -> str:
         detok = IncrementalDetokenizer(self.engine)
         out: list[str] = []
-        for token in self.engine.generate(
-            tokens,
-            query=query,
-            sampling=self.sampling,
-            max_tokens=self.ns.n_predict,
-            ignore_eos=self.ns.ignore_eos,
-            cancel=cancel,
-        ):
-            self.raw_history.append(token)
-            piece = detok.push(token)
-            out.append(piece)
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-            self.line_open = True
+        bar = PromptBar(self.ns.progress_bar)
+        try:
+            for token in self.engine.generate(
+                tokens,
+                query=query,
+                sampling=self.sampling,
+                max_tokens=self.ns.n_predict,
+                ignore_eos=self.ns.ignore_eos,
+                cancel=cancel,
+                progress=bar,
+            ):
+                bar.close()
+                self.raw_history.append(token)
+                piece = detok.push(token)
+                out.append(piece)
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+                self.line_open = True
+        finally:
+            bar.close()
         tail = detok.flush()
         out.append(tail)
         if tail or self.line_open or not self.chat:  # a trace record may have ended the line
@@ -170,14 +195,72 @@ class ChatRunner:
         self.line_open = False
         return "".join(out)
 
-    def _prompt_tokens(self, text: str) -> tuple[list[int], TokenSpan | None]:
+    def _mark_cut(self) -> None:
+        """A reply cut by the -n cap or by the context says so: on stdout in a chat, on
+        stderr after a one-shot answer (whose stdout stays the generated text)."""
+        turn = self.engine.last_turn
+        if turn.finish_reason != "length":
+            return
+        cap = self.ns.n_predict
+        if cap > 0 and turn.generated_tokens >= cap:
+            note = f"[cut at the -n cap of {cap} tokens]"
+        else:
+            note = f"[cut: the {self.engine.info.n_ctx}-token context is full]"
+        print(note, file=sys.stdout if self.chat else sys.stderr, flush=True)
+
+    def _prompt_tokens(self, text: str) -> tuple[list[int], TokenSpan | None] | None:
+        """The turn's prompt and query; in a chat, the oldest turns are dropped first when
+        the conversation reaches the context (None: the message alone does not fit)."""
         if self.template is None:
-            start = len(self.raw_history)
-            self.raw_history += self.engine.tokenize(text, add_special=start == 0)
-            return list(self.raw_history), TokenSpan(start, len(self.raw_history))
+            return self._raw_prompt(text)
         self.messages.append({"role": "user", "content": text})
-        prompt = build_prompt_tokens(self.engine, self.template, self.messages)
-        return prompt.tokens, prompt.query
+        prompt: PromptTokens | None = build_prompt_tokens(self.engine, self.template, self.messages)
+        n_ctx = self.engine.info.n_ctx
+        if self.chat and len(prompt.tokens) + reply_room(n_ctx, self.ns.n_predict) > n_ctx:
+            prompt = self._trim(prompt, n_ctx)
+        return None if prompt is None else (prompt.tokens, prompt.query)
+
+    def _raw_prompt(self, text: str) -> tuple[list[int], TokenSpan | None] | None:
+        new = self.engine.tokenize(text, add_special=not self.raw_history)
+        n_ctx = self.engine.info.n_ctx
+        if self.chat and len(new) >= n_ctx:
+            print(too_long(len(new), n_ctx))
+            return None
+        full = len(self.raw_history) + len(new) + reply_room(n_ctx, self.ns.n_predict) > n_ctx
+        if self.chat and full and self.raw_history:
+            keep = max(0, n_ctx // 2 - len(new))
+            self.raw_history = self.raw_history[len(self.raw_history) - keep :] if keep else []
+            print(f"(the chat reached the {n_ctx}-token context: its oldest tokens were dropped)")
+        start = len(self.raw_history)
+        self.raw_history += new
+        return list(self.raw_history), TokenSpan(start, len(self.raw_history))
+
+    def _trim(self, prompt: PromptTokens, n_ctx: int) -> PromptTokens | None:
+        """Drop the oldest messages (never the system message or the new one) until the
+        prompt takes at most half the context, so that the next turns reuse it again."""
+        dropped = 0
+        while len(prompt.tokens) > n_ctx // 2:
+            oldest = next(
+                (i for i, m in enumerate(self.messages[:-1]) if m["role"] != "system"), None
+            )
+            if oldest is None:
+                break
+            del self.messages[oldest]
+            dropped += 1
+            if oldest < len(self.messages) - 1 and self.messages[oldest]["role"] == "assistant":
+                del self.messages[oldest]  # its reply goes with it: the chat starts with a user
+                dropped += 1
+            prompt = build_prompt_tokens(self.engine, self.template, self.messages)
+        if len(prompt.tokens) >= n_ctx:
+            self.messages.pop()
+            print(too_long(len(prompt.tokens), n_ctx))
+            return None
+        if dropped:
+            print(
+                f"(the conversation reached the {n_ctx}-token context: "
+                f"the oldest {dropped} messages were dropped)"
+            )
+        return prompt
 
     def close(self) -> None:
         self.engine.close()

@@ -43,8 +43,8 @@ class CliFlags:
     prompt: str | None = _c(None, "-p", "--prompt", help="prompt text", parse=str)
     file: str | None = _c(None, "-f", "--file", help="read the prompt from a file", parse=str)
     n_predict: int = _c(
-        -1, "-n", "--n-predict", "--predict", help="tokens to generate, -1 = until end of "
-        "generation", parse=int32, group=_SAMPLING,
+        1024, "-n", "--n-predict", "--predict", help="most tokens per reply (a reply cut there "
+        "is marked), -1 = until end of generation or the context", parse=int32, group=_SAMPLING,
     )  # fmt: skip
     temp: float = _c(
         0.8, "--temp", help="temperature, 0 = greedy", parse=strict_float, group=_SAMPLING
@@ -89,3 +89,8 @@ class CliFlags:
         choices=("on", "off", "auto"), group=_MODEL,
     )  # fmt: skip
     verbose: bool = _c(False, "-v", "--verbose", help="show llama.cpp's log")
+    progress_bar: bool | None = _c(
+        None, "--progress-bar", help="a progress bar on stderr while a long prompt is processed; "
+        "--no-progress-bar: none", negative=("--no-progress-bar",),
+        shown="when stderr is a terminal",
+    )  # fmt: skip

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 import llama_cpp
@@ -39,7 +39,7 @@ from .session import KVMemSession
 from .session_persist import SessionPersister, open_tiered_store, store_fingerprint
 from .settings import EngineSettings
 from .spec_decode import spec_decoder
-from .trace import EngineStats, Tracer, TurnStats
+from .trace import EngineStats, PrefillProgress, Tracer, TurnStats
 from .transfer_profile import PathTiming, TransferPath
 from .window import TokenSpan
 
@@ -302,6 +302,7 @@ class Engine:
         logits_out: list[np.ndarray] | None = None,
         ignore_eos: bool = False,
         banned_tokens: Sequence[int] = (),
+        progress: Callable[[PrefillProgress], None] | None = None,
     ) -> Iterator[int]:
         sampling = sampling or SamplingParams()
         banned = tuple(banned_tokens) + (self.eog_tokens() if ignore_eos else ())
@@ -319,6 +320,7 @@ class Engine:
                 cancel=cancel,
                 logits_out=logits_out,
                 banned_tokens=banned,
+                progress=progress,
             )
         finally:
             self._account(self.session.last_turn)

@@ -40,7 +40,7 @@ from .replay_ssm import ReplaySSM
 from .sampler import Sampler
 from .scoring_context import ScoringContext
 from .spec_decode import SpecDecoder
-from .trace import FinishReason, TraceKind, Tracer, TurnStats
+from .trace import FinishReason, PrefillProgress, TraceKind, Tracer, TurnStats
 from .transfer_profile import TransferPath
 from .window import BlockScores, GpuWindow, StreamAt
 
@@ -86,6 +86,7 @@ class KVMemSession:
         self.last_turn = TurnStats()
         self.live_turn: TurnStats | None = None  # the turn being run (read by live timings)
         self._cancel: threading.Event | None = None
+        self._progress: Callable[[PrefillProgress], None] | None = None  # this turn's prefill
         self.ssm = ReplaySSM(ctx) if ctx.model.is_hybrid else None  # recurrent snapshots
         self.spec = spec
 
@@ -147,8 +148,10 @@ class KVMemSession:
         cancel: threading.Event | None = None,
         logits_out: list[np.ndarray] | None = None,
         banned_tokens: Sequence[int] = (),
+        progress: Callable[[PrefillProgress], None] | None = None,
     ) -> Iterator[int]:
         self._cancel = cancel  # checked before each prefill/replay chunk (_decode)
+        self._progress = progress  # told as the prefill starts and after each chunk
         stats = self._start_turn(prompt)
         sampler = Sampler(self.ctx.model.vocab, sampling, grammar, banned_tokens)
         finish = FinishReason.STOP
@@ -191,7 +194,7 @@ class KVMemSession:
             finish = FinishReason.CANCELLED  # the GEN record says so; the caller sees the error
             raise
         finally:
-            self._cancel = None
+            self._cancel, self._progress = None, None
             sampler.close()
             self._spill_frontier(stats, len(prompt))
             if self.ssm is not None:
@@ -269,6 +272,7 @@ class KVMemSession:
         self.frontier = None
         stats.cached_tokens = reused
         stats.reprocessed_tokens = common - reused
+        self._report_progress(stats)
         self.window.note_groups(spans.groups)  # evictions keep an image's blocks together
         end = n if tail is None else tail  # where the plan is made
         wanted = self._capture_spans(spans, n, end)
@@ -593,6 +597,8 @@ class KVMemSession:
             self.window.append(chunk, stats)
             if self.ssm is not None:
                 self.ssm.after_decode(self.table.n_tokens)
+            if gen_start is None:
+                self._report_progress(stats)
             if on_chunk is not None:
                 on_chunk()
             c0 += len(chunk)
@@ -603,6 +609,11 @@ class KVMemSession:
         if spans is not None:
             return {s: {k: np.concatenate(v) for k, v in d.items()} for s, d in captured.items()}
         return rows
+
+    def _report_progress(self, stats: TurnStats) -> None:
+        if self._progress is not None:
+            done = self.table.n_tokens
+            self._progress(PrefillProgress(stats.prompt_tokens, stats.cached_tokens, done))
 
     def _decode_chunk(
         self, chunk: list[int], pos: int, want_all: bool, last: bool, arm: bool

@@ -37,6 +37,16 @@ class FinishReason(Enum):
     CANCELLED = "cancelled"  # the caller stopped iterating or set the cancel event
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillProgress:
+    """Where a prompt's processing stands: llama-server's `prompt_progress` less the time.
+    Reported once when the reused prefix is known and after each prefill chunk."""
+
+    total: int  # the prompt's tokens
+    cache: int  # reused from the session's history
+    processed: int  # in the context now, the reused ones included
+
+
 @dataclass(slots=True)
 class TurnStats:
     """What one generate/teacher_force call did."""

@@ -26,6 +26,7 @@ from kvmem.chat.turn import TurnRequest
 from kvmem.sampling import SamplingParams
 from kvmem.server.channel import EventChannel
 from kvmem.server.live_timings import TimingProbe
+from kvmem.server.prompt_progress import ProgressReporter
 from kvmem.server.schemas import ChatCompletionRequest, NamedToolChoice
 from kvmem.server.settings import ServerSettings
 
@@ -48,12 +49,15 @@ class ChatJob:
     banned_tokens: tuple[int, ...] = ()
     top_logprobs: int | None = None
     timing_probe: TimingProbe | None = None  # timings_per_token
+    progress: ProgressReporter | None = None  # return_progress
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def another_choice(self, channel: EventChannel) -> ChatJob:
         """The same request as another choice (n > 1): the same rendering, its own
         channel and cancel event."""
-        return replace(self, channel=channel, cancel=threading.Event(), timing_probe=None)
+        return replace(
+            self, channel=channel, cancel=threading.Event(), timing_probe=None, progress=None
+        )
 
     def turn_request(self, prompt: PromptTokens) -> TurnRequest:
         return TurnRequest(
@@ -182,4 +186,5 @@ def prepare_chat_job(
         ignore_eos=bool(request.ignore_eos),
         top_logprobs=(request.top_logprobs or 0) if request.logprobs else None,
         timing_probe=TimingProbe() if request.timings_per_token and request.stream else None,
+        progress=ProgressReporter(channel) if request.return_progress and request.stream else None,
     )

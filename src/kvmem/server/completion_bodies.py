@@ -185,6 +185,11 @@ class OpenAIShape:
         }
         return self.envelope([choice])
 
+    def progress(self, body: dict[str, int]) -> dict[str, Any]:
+        """A return_progress chunk: an empty text choice with `prompt_progress`."""
+        choice = {"text": "", "index": 0, "logprobs": None, "finish_reason": None}
+        return self.envelope([choice], prompt_progress=body)
+
     def final(
         self, vocab: ChatEngine, done: CompletionDone, tokens: list[CompletionToken], stream: bool
     ) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from kvmem.errors import ContextLengthExceededError
 from kvmem.sampling import SamplingParams
 from kvmem.server.channel import EventChannel, JobStarted
 from kvmem.server.live_timings import TimingProbe
+from kvmem.server.prompt_progress import ProgressReporter
 
 
 class StopType(Enum):
@@ -63,6 +64,7 @@ class CompletionJob:
     grammar: str | None = None
     reported_bans: tuple[int, ...] = ()  # generation_settings.logit_bias (with ignore_eos' EOG)
     timing_probe: TimingProbe | None = None  # timings_per_token
+    progress: ProgressReporter | None = None  # return_progress
     cache_prompt: bool = True  # False: the session's history is not reused (all recomputed)
     cancel: threading.Event = field(default_factory=threading.Event)
 

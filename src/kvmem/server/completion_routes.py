@@ -43,6 +43,11 @@ from kvmem.server.json_body import parse_json_body
 from kvmem.server.live_timings import TimingProbe, TimingsSnapshot
 from kvmem.server.logit_bias import banned_tokens
 from kvmem.server.prompt_limits import check_parts_size
+from kvmem.server.prompt_progress import (
+    ProgressReporter,
+    ProgressSnapshot,
+    native_progress_chunk,
+)
 from kvmem.server.props import served_model_id
 from kvmem.server.responses import SSE_DONE, sse_data
 from kvmem.server.routes import _ready_state
@@ -112,10 +117,11 @@ def _jobs(
     jobs = []
     for parts in batch:
         tokens = tokenize_parts(vocab, parts)
+        channel = channel_for()
         job = CompletionJob(
             tokens=tokens,
             sampling=sampling,
-            channel=channel_for(),
+            channel=channel,
             max_tokens=max_tokens,
             stop=r.stop_list,
             n_probs=n_probs,
@@ -124,6 +130,7 @@ def _jobs(
             banned_tokens=banned,
             grammar=_grammar(r),
             timing_probe=TimingProbe() if r.timings_per_token and r.stream else None,
+            progress=ProgressReporter(channel) if r.return_progress and r.stream else None,
             cache_prompt=r.cache_prompt,
         )
         jobs.append((job, _prompt_text(vocab, tokens)))
@@ -235,6 +242,11 @@ async def _stream(
                 return
             if isinstance(event, TimingsSnapshot):
                 live = event.body
+                continue
+            if isinstance(event, ProgressSnapshot):  # return_progress
+                yield sse_data(
+                    oai.progress(event.body) if oai else native_progress_chunk(event.body)
+                )
                 continue
             if isinstance(event, JobFailed):
                 _, body = error_payload(event.error)

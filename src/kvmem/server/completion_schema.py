@@ -51,6 +51,7 @@ class CompletionRequest(BaseModel):
     id_slot: int | None = None
     stream_options: dict[str, Any] | None = None
     timings_per_token: bool = False  # llama-server: `timings` on every stream chunk
+    return_progress: bool = False  # llama-server: `prompt_progress` chunks (streams)
 
     @property
     def stop_list(self) -> tuple[str, ...]:

@@ -186,6 +186,10 @@ class ChunkWriter:
     def role(self) -> str:
         return self._chunk({"role": "assistant", "content": None})
 
+    def progress(self, body: dict[str, int]) -> str:
+        """A return_progress chunk: a role delta with `prompt_progress`, as llama-server's."""
+        return self._chunk({"role": "assistant", "content": None}, prompt_progress=body)
+
     def event(self, event: TurnEvent) -> list[str]:
         if isinstance(event, TokenLogprobs):  # sent with the next text delta
             self.pending_logprobs.append(logprob_entry(event))

@@ -23,6 +23,7 @@ from kvmem.server.json_body import parse_json_body
 from kvmem.server.live_timings import TimingsSnapshot
 from kvmem.server.logit_bias import banned_tokens
 from kvmem.server.prompt_limits import check_prompt_size, message_chars
+from kvmem.server.prompt_progress import ProgressSnapshot
 from kvmem.server.props import PROCESS_STARTED, models_body, props_body, served_model_id
 from kvmem.server.responses import (
     SSE_DONE,
@@ -198,6 +199,9 @@ async def _stream(
                 break
             if isinstance(event, TimingsSnapshot):  # timings_per_token
                 writer.live_timings = event.body
+                continue
+            if isinstance(event, ProgressSnapshot):  # return_progress
+                yield writer.progress(event.body)
                 continue
             for line in writer.event(event):
                 yield line

@@ -106,6 +106,7 @@ class ChatCompletionRequest(_Strict):
     verbose: bool | None = None  # llama-server: add `__verbose` with the rendered prompt
     ignore_eos: bool | None = None  # llama-server extension: never stop at end-of-generation
     timings_per_token: bool | None = None  # llama-server: `timings` on every stream chunk
+    return_progress: bool | None = None  # llama-server: `prompt_progress` chunks (streams)
 
     @property
     def stop_list(self) -> tuple[str, ...]:

@@ -289,6 +289,8 @@ class EngineWorker:
         try:
             probe = getattr(job, "timing_probe", None)  # timings_per_token (live_timings.py)
             target = engine if probe is None else probe.wrap(engine)
+            reporter = getattr(job, "progress", None)  # return_progress (prompt_progress.py)
+            target = target if reporter is None else reporter.wrap(target)
             if isinstance(job, (CompletionJob, SlotJob)):
                 for event in job.run(target):
                     if isinstance(event, CompletionDone):
