@@ -87,10 +87,11 @@
     const meta = el.querySelector(".meta");
     const server = actions.server();
     meta.replaceChildren();
-    if (m.error) span(meta, "error", m.error);
+    if (m.error && !m.contextFull) span(meta, "error", m.error);
     if (m.stopped) span(meta, "stopped", "stopped");
     if (m.timings && m.timings.prompt_n > 0 && m.timings.prompt_per_second > 0) {
-      span(meta, "prompt-speed", `prompt ${m.timings.prompt_n} tokens at ${m.timings.prompt_per_second.toFixed(1)} tok/s`);
+      const n = m.timings.prompt_n;
+      span(meta, "prompt-speed", `prompt ${n} token${n === 1 ? "" : "s"} at ${m.timings.prompt_per_second.toFixed(1)} tok/s`);
     }
     if (m.speed !== undefined) span(meta, "speed", `${m.speed.toFixed(1)} tok/s`);
     if (m.usage) span(meta, "tokens", `${m.usage.completion_tokens} tokens`);
