@@ -188,7 +188,7 @@ def test_model_output_with_html_is_shown_as_text_and_never_runs(chat: Chat) -> N
 
     # a grammar makes the real model emit exactly this JSON string
     forced = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"const": payload}}}
-    chat.rewrite = lambda body: {**body, "response_format": forced}
+    chat.rewrite = lambda body: {**body, "response_format": forced, "max_tokens": 64}
     chat.send("Say something.")
     body = chat.last_reply().locator(".body")
     assert body.text_content().strip() == json.dumps(payload).replace("**b**", "b")

@@ -1,7 +1,7 @@
 // The kvmem-server chat page. Plain JavaScript, no build step: the third-party libraries
 // (marked, DOMPurify, highlight.js) come from vendor.js, built by scripts/build-ui.sh;
-// markdown.js, progress.js, transfer.js and views.js hold the page's own parts.
-// Everything is served by the server itself; nothing is loaded from the network.
+// settings.js, conversations.js, sse.js, markdown.js, progress.js, transfer.js and views.js hold
+// the page's own parts. Everything is served by the server itself; nothing is loaded from the network.
 "use strict";
 
 (() => {
@@ -9,95 +9,11 @@
   const { fill, render } = window.kvmemMarkdown;
   const progress = window.kvmemProgress;
   const transfer = window.kvmemTransfer;
+  const { sseEvents, apiError } = window.kvmemSse;
+  const { cap, headers, requestOptions, fillSettingsForm, saveSettingsForm } = window.kvmemSettings;
+  const { allConversations, putConversation, deleteConversation, newConversation, byRecent, historyOf, trimPoint } =
+    window.kvmemConversations;
   const $ = (id) => document.getElementById(id);
-  const KEY_STORE = "kvmem.apiKey";
-  const SETTINGS_STORE = "kvmem.settings";
-  const DEFAULT_CAP = 512;
-
-  // ---- Settings and the API key (localStorage: they never leave this browser except
-  // as the Authorization header of this server's own API calls). The output cap is sent
-  // with every request (null: no cap, the server's default); the rest only when the user
-  // stops following the server's defaults.
-  const NUMERIC = [
-    ["set-budget", "reasoning_budget_tokens", parseInt],
-    ["set-temperature", "temperature", parseFloat],
-    ["set-top-p", "top_p", parseFloat],
-    ["set-top-k", "top_k", parseInt],
-    ["set-min-p", "min_p", parseFloat],
-  ];
-  function loadSettings() {
-    const defaults = { follow: true, max_tokens: DEFAULT_CAP };
-    try {
-      return { ...defaults, ...JSON.parse(localStorage.getItem(SETTINGS_STORE) || "{}") };
-    } catch {
-      return defaults;
-    }
-  }
-  let settings = loadSettings();
-  const apiKey = () => localStorage.getItem(KEY_STORE) || "";
-  const cap = () => (Number.isInteger(settings.max_tokens) && settings.max_tokens > 0 ? settings.max_tokens : null);
-
-  function fillSettingsForm() {
-    $("set-api-key").value = apiKey();
-    $("set-max-tokens").value = cap() ?? "";
-    $("set-follow").checked = settings.follow !== false;
-    $("set-thinking").value = settings.thinking || "";
-    $("set-effort").value = settings.effort || "";
-    for (const [id, name] of NUMERIC) $(id).value = settings[name] ?? "";
-    $("sampling-fields").disabled = $("set-follow").checked;
-  }
-  function saveSettingsForm() {
-    const key = $("set-api-key").value.trim();
-    if (key) localStorage.setItem(KEY_STORE, key);
-    else localStorage.removeItem(KEY_STORE);
-    const capText = $("set-max-tokens").value.trim();
-    const next = {
-      follow: $("set-follow").checked,
-      thinking: $("set-thinking").value,
-      effort: $("set-effort").value,
-      max_tokens: capText === "" || Number.isNaN(parseInt(capText)) ? null : parseInt(capText),
-    };
-    for (const [id, name, parse] of NUMERIC) {
-      const raw = $(id).value.trim();
-      if (raw !== "" && !Number.isNaN(parse(raw))) next[name] = parse(raw);
-    }
-    settings = next;
-    localStorage.setItem(SETTINGS_STORE, JSON.stringify(settings));
-  }
-  function requestOptions() {
-    const out = cap() ? { max_tokens: cap() } : {};
-    if (settings.follow !== false) return out;
-    if (settings.thinking) out.chat_template_kwargs = { enable_thinking: settings.thinking === "on" };
-    if (settings.effort) out.reasoning_effort = settings.effort;
-    for (const [, name] of NUMERIC) if (settings[name] !== undefined) out[name] = settings[name];
-    return out;
-  }
-  function headers() {
-    const h = { "Content-Type": "application/json" };
-    if (apiKey()) h.Authorization = `Bearer ${apiKey()}`;
-    return h;
-  }
-
-  // ---- IndexedDB history: one record per conversation {id, title, messages, updated,
-  // sentFrom (the first message still sent after a trim)}.
-  const dbReady = new Promise((resolve, reject) => {
-    const req = indexedDB.open("kvmem-chat", 1);
-    req.onupgradeneeded = () => req.result.createObjectStore("conversations", { keyPath: "id" });
-    req.onsuccess = () => resolve(req.result);
-    req.onerror = () => reject(req.error);
-  });
-  async function store(mode, fn) {
-    const db = await dbReady;
-    return new Promise((resolve, reject) => {
-      const tx = db.transaction("conversations", mode);
-      const req = fn(tx.objectStore("conversations"));
-      tx.oncomplete = () => resolve(req && req.result);
-      tx.onerror = () => reject(tx.error);
-    });
-  }
-  const allConversations = () => store("readonly", (s) => s.getAll());
-  const putConversation = (c) => store("readwrite", (s) => s.put(c));
-  const deleteConversation = (id) => store("readwrite", (s) => s.delete(id));
 
   // ---- State
   let conversations = [];
@@ -107,14 +23,10 @@
   let attachments = [];
   let server = { model: "KVMem", n_ctx: 0, kvmem: null };
 
-  function newConversation() {
-    return { id: `c${Date.now().toString(36)}${Math.random().toString(36).slice(2, 7)}`, title: "New chat", messages: [], updated: Date.now() };
-  }
   function banner(text) {
     $("banner").textContent = text || "";
     $("banner").hidden = !text;
   }
-  const byRecent = (list) => [...list].sort((a, b) => b.updated - a.updated);
 
   function renderList() {
     const ul = $("conversations");
@@ -222,41 +134,6 @@
   function stopGeneration() {
     if (controller) controller.abort();
   }
-  async function* sseEvents(response) {
-    const reader = response.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, { stream: true });
-      let cut;
-      while ((cut = buffer.indexOf("\n\n")) >= 0) {
-        const block = buffer.slice(0, cut);
-        buffer = buffer.slice(cut + 2);
-        const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("\n");
-        if (!data) continue;
-        if (data === "[DONE]") return;
-        yield JSON.parse(data);
-      }
-    }
-  }
-  async function apiError(response) {
-    try {
-      const body = await response.json();
-      return body.error || { message: `HTTP ${response.status}` };
-    } catch {
-      return { message: `HTTP ${response.status}` };
-    }
-  }
-  // What is sent: the messages after a trim, without failed empty replies.
-  function historyOf(conv, upTo) {
-    return conv.messages
-      .slice(conv.sentFrom || 0, upTo)
-      .filter((m) => m.role !== "assistant" || m.content || !(m.error || m.stopped))
-      .map((m) => ({ role: m.role, content: m.content }));
-  }
-
   // Streams one request into `reply` (whose view is `view`); a continued reply grows.
   async function stream(conv, reply, history, view) {
     controller = new AbortController();
@@ -343,6 +220,7 @@
       paint();
       renderMeta(view, reply, actions);
       liveLine($("kvmem-live"), conv, server);
+      $("messages").scrollTop = $("messages").scrollHeight;
     }
   }
 
@@ -378,25 +256,6 @@
     await stream(conv, reply, historyOf(conv), lastView());
   }
 
-  // Trimming: the oldest turns stop being sent, enough of them (by characters, in the
-  // proportion the server's token count asks for, with room for a reply) to fit the context.
-  function trimPoint(conv, reply) {
-    if (!conv || !reply.contextFull) return null;
-    const end = conv.messages.indexOf(reply);
-    const from = conv.sentFrom || 0;
-    const lastUser = conv.messages.map((m) => m.role).lastIndexOf("user", end);
-    if (lastUser <= from) return null;
-    const chars = (m) => JSON.stringify(m.content).length;
-    const sent = conv.messages.slice(from, end + 1);
-    const total = sent.reduce((n, m) => n + chars(m), 0);
-    const { n_prompt_tokens: asked, n_ctx: ctx } = reply.contextFull;
-    const keep = total * Math.min(1, (0.75 * ctx) / Math.max(asked, 1));
-    let kept = 0;
-    let start = end;
-    while (start > from && kept + chars(conv.messages[start - 1]) <= keep) kept += chars(conv.messages[--start]);
-    while (start < lastUser && conv.messages[start].role !== "user") start++; // a turn starts with the user
-    return Math.min(Math.max(start, from + 1), lastUser);
-  }
   async function trimAndRetry(conv, reply) {
     const point = trimPoint(conv, reply);
     if (point === null || controller) return;
@@ -410,7 +269,8 @@
   async function editLast(conv, reply) {
     const i = conv.messages.indexOf(reply);
     const user = conv.messages[i - 1];
-    conv.messages.splice(i - 1, reply.content ? 1 : 2);
+    conv.messages.splice(i - 1, 2); // the message and its reply; the text goes back to the box
+    conv.sentFrom = Math.min(conv.sentFrom || 0, conv.messages.length);
     await putConversation(conv);
     renderMessages();
     $("prompt").value = user ? window.kvmemViews.textOf(user.content) : "";

@@ -44,7 +44,7 @@
   };
 
   function render(text, { user = false } = {}) {
-    return DOMPurify.sanitize((user ? typed : replies).parse(text || ""), PURIFY);
+    return DOMPurify.sanitize((user ? typed : replies).parse(text || ""), PURIFY).trim();
   }
 
   // Copy to the clipboard: the async API where the page is a secure context (localhost,
