@@ -36,7 +36,7 @@
   }
 
   // Trimming: the oldest turns stop being sent, enough of them (by characters, in the
-  // proportion the server's token count asks for, with room for a reply) to fit the context.
+  // proportion the server's token count asks for) to fill half the context, leaving room for more turns.
   function trimPoint(conv, reply) {
     if (!conv || !reply.contextFull) return null;
     const end = conv.messages.indexOf(reply);
@@ -47,7 +47,7 @@
     const sent = conv.messages.slice(from, end + 1);
     const total = sent.reduce((n, m) => n + chars(m), 0);
     const { n_prompt_tokens: asked, n_ctx: ctx } = reply.contextFull;
-    const keep = total * Math.min(1, (0.75 * ctx) / Math.max(asked, 1));
+    const keep = total * Math.min(1, (0.5 * ctx) / Math.max(asked, 1)); // half: room to go on
     let kept = 0;
     let start = end;
     while (start > from && kept + chars(conv.messages[start - 1]) <= keep) kept += chars(conv.messages[--start]);
