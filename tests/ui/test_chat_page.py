@@ -9,24 +9,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.server.conftest import LiveServer
 from tests.ui.conftest import DOCS_IMG, UI_KEY
+from tests.ui.page_driver import REPLY_CAP, REPLY_TIMEOUT_MS, Chat
 
 pytestmark = pytest.mark.slow
-REPLY_CAP = 16
-REPLY_TIMEOUT_MS = 300_000  # generous: other processes may share the two cores
-
-LAST_REPLY_DONE = """(n) => {
-  const all = document.querySelectorAll('.msg.assistant');
-  const last = all[all.length - 1];
-  return all.length >= n && document.getElementById('stop').hidden
-    && last.querySelector('.meta').children.length > 0;
-}"""
 
 SEEDED = {
     "id": "seeded",
@@ -50,88 +42,6 @@ SEEDED = {
 }
 
 
-class Chat:
-    """One browser tab on the page, recording every request it makes."""
-
-    def __init__(self, browser: Any, server: LiveServer, **context: Any) -> None:
-        self.server = server
-        self.context = browser.new_context(**context)
-        self.page = self.context.new_page()
-        self.requests: list[Any] = []
-        self.page.on("request", lambda r: self.requests.append(r))
-        self.errors: list[str] = []
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.sent: list[dict[str, Any]] = []
-        self.rewrite: Callable[[dict[str, Any]], dict[str, Any]] = self.cap_length
-        self.page.route("**/v1/chat/completions", self._on_chat_request)
-        self.open()
-
-    def _on_chat_request(self, route: Any, request: Any) -> None:
-        """Record the page's request body, then send it on, rewritten by `self.rewrite`.
-
-        The default rewrite keeps replies short on a busy CPU (max_tokens=REPLY_CAP unless
-        the page set one)."""
-        body = json.loads(request.post_data)
-        self.sent.append(body)
-        route.continue_(post_data=json.dumps(self.rewrite(dict(body))))
-
-    @staticmethod
-    def cap_length(body: dict[str, Any]) -> dict[str, Any]:
-        body.setdefault("max_tokens", REPLY_CAP)
-        return body
-
-    def open(self) -> None:
-        self.page.goto(self.server.base_url + "/")
-        self.page.wait_for_selector("body[data-ready='1']")
-
-    def send(self, text: str, wait: bool = True) -> None:
-        self.expected = self.page.locator(".msg.assistant").count() + 1
-        self.page.fill("#prompt", text)
-        self.page.press("#prompt", "Enter")
-        if wait:
-            self.wait_reply()
-
-    def wait_reply(self) -> None:
-        """Until the reply to the last send is complete (its meta line is written)."""
-        try:
-            self.page.wait_for_function(
-                LAST_REPLY_DONE, arg=self.expected, timeout=REPLY_TIMEOUT_MS
-            )
-        except Exception:
-            print("page errors:", self.errors)
-            print("messages:", self.page.locator("#messages").inner_html()[-3000:])
-            print("sent:", self.sent[-2:])
-            raise
-
-    def last_reply(self) -> Any:
-        return self.page.locator(".msg.assistant").last
-
-    def memory(self) -> dict[str, int]:
-        data = self.last_reply().locator(".meta").evaluate("m => ({...m.dataset})")
-        return {k: int(v) for k, v in data.items()}
-
-    def stored(self) -> list[dict[str, Any]]:
-        """The conversations in the page's IndexedDB."""
-        return self.page.evaluate(
-            """() => new Promise((resolve) => {
-                 const req = indexedDB.open('kvmem-chat', 1);
-                 req.onsuccess = () => {
-                   const all = req.result.transaction('conversations').objectStore('conversations').getAll();
-                   all.onsuccess = () => resolve(all.result);
-                 };
-               })"""
-        )
-
-    def chat_requests(self) -> list[dict[str, Any]]:
-        return self.sent
-
-    def close(self) -> None:
-        foreign = [r.url for r in self.requests if not r.url.startswith(self.server.base_url)]
-        self.context.close()
-        assert foreign == [], "the page loaded something from the network"
-        assert self.errors == [], "the page raised errors"
-
-
 @pytest.fixture()
 def chat(browser: Any, ui_server: LiveServer) -> Iterator[Chat]:
     c = Chat(browser, ui_server)
@@ -147,7 +57,7 @@ def test_streamed_answer_renders_and_stop_ends_generation_on_the_server(
     assert page.locator("#attach-label").is_hidden()  # /props reports no vision
     assert page.locator("#model-name").text_content() == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert (
-        page.locator("#server-status").text_content() == "ctx 4096 \u00b7 KVMem budget 1024 + 512"
+        page.locator("#server-status").text_content() == "ctx 4096 \u00b7 KVMem window 1024 + 512"
     )
 
     chat.rewrite = lambda body: {**body, "ignore_eos": True, "max_tokens": 3000}
@@ -166,7 +76,7 @@ def test_streamed_answer_renders_and_stop_ends_generation_on_the_server(
     while ui_server.log().count("finish cancelled") == log_before:
         assert time.monotonic() < deadline, "the server kept generating after Stop"
         time.sleep(0.2)
-    chat.rewrite = chat.cap_length
+    chat.rewrite = lambda body: body
 
     chat.send("Hi")
     reply = chat.last_reply()
@@ -185,7 +95,8 @@ def test_streamed_answer_renders_and_stop_ends_generation_on_the_server(
     }
     sent = chat.chat_requests()
     assert [m["role"] for m in sent[-1]["messages"]] == ["user", "assistant", "user"]
-    assert sent[-1]["stream"] is True and "max_tokens" not in sent[-1]
+    assert sent[-1]["stream"] is True and sent[-1]["return_progress"] is True
+    assert sent[-1]["max_tokens"] == REPLY_CAP  # the page's output cap
 
 
 def test_conversations_switch_continue_rename_delete(chat: Chat) -> None:
@@ -244,7 +155,11 @@ def test_settings_are_sent_with_the_request(chat: Chat) -> None:
     page.click("#settings-save")
     chat.send("Count from one to twenty.")
     sent = chat.chat_requests()[-1]
-    options = {k: v for k, v in sent.items() if k not in ("messages", "stream", "stream_options")}
+    options = {
+        k: v
+        for k, v in sent.items()
+        if k not in ("messages", "stream", "stream_options", "return_progress")
+    }
     assert options == {
         "chat_template_kwargs": {"enable_thinking": False},
         "reasoning_effort": "low",
@@ -262,7 +177,9 @@ def test_settings_are_sent_with_the_request(chat: Chat) -> None:
     page.check("#set-follow")
     page.click("#settings-save")
     chat.send("Hi")
-    assert set(chat.chat_requests()[-1]) == {"messages", "stream", "stream_options"}
+    last = chat.chat_requests()[-1]  # following the server: only the output cap is sent
+    assert set(last) == {"messages", "stream", "stream_options", "return_progress", "max_tokens"}
+    assert last["max_tokens"] == 5
 
 
 def test_model_output_with_html_is_shown_as_text_and_never_runs(chat: Chat) -> None:
@@ -271,7 +188,7 @@ def test_model_output_with_html_is_shown_as_text_and_never_runs(chat: Chat) -> N
 
     # a grammar makes the real model emit exactly this JSON string
     forced = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"const": payload}}}
-    chat.rewrite = lambda body: {**body, "response_format": forced}
+    chat.rewrite = lambda body: {**body, "response_format": forced, "max_tokens": 64}
     chat.send("Say something.")
     body = chat.last_reply().locator(".body")
     assert body.text_content().strip() == json.dumps(payload).replace("**b**", "b")
@@ -289,18 +206,7 @@ def test_history_renders_markdown_code_and_collapsible_thinking_and_screenshots(
     for name, viewport in (("desktop", (1280, 800)), ("phone", (390, 844))):
         chat = Chat(browser, ui_server, viewport={"width": viewport[0], "height": viewport[1]})
         page = chat.page
-        page.evaluate(
-            """(conv) => new Promise((resolve, reject) => {
-                 const req = indexedDB.open('kvmem-chat', 1);
-                 req.onsuccess = () => {
-                   const tx = req.result.transaction('conversations', 'readwrite');
-                   tx.objectStore('conversations').put(conv);
-                   tx.oncomplete = resolve; tx.onerror = reject;
-                 };
-               })""",
-            SEEDED,
-        )
-        chat.open()
+        chat.store(SEEDED)
         reply = chat.last_reply()
         assert reply.locator(
             "pre code.hljs.language-python .hljs-keyword"

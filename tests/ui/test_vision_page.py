@@ -15,7 +15,7 @@ from PIL import Image
 from kvmem.bench.synth_mmproj import MmprojShape, write_mmproj
 from tests.server.conftest import LiveServer, start_server
 from tests.ui.conftest import SERVER_ARGS
-from tests.ui.test_chat_page import Chat
+from tests.ui.page_driver import Chat
 
 pytestmark = pytest.mark.slow
 

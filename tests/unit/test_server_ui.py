@@ -19,6 +19,13 @@ from tests.fakes.engine import FakeEngine
 PAGE_FILES = (
     "index.html",
     "app.js",
+    "settings.js",
+    "conversations.js",
+    "sse.js",
+    "markdown.js",
+    "progress.js",
+    "transfer.js",
+    "views.js",
     "style.css",
     "vendor.js",
     "hljs-light.css",
@@ -33,10 +40,25 @@ def test_the_packaged_page_is_complete_and_references_only_its_own_files() -> No
     html = (PACKAGED_UI / "index.html").read_text()
     refs = re.findall(r'(?:src|href)="([^"]+)"', html)
     assert sorted(refs) == sorted(
-        ["style.css", "hljs-light.css", "hljs-dark.css", "vendor.js", "app.js"]
+        [
+            "style.css",
+            "hljs-light.css",
+            "hljs-dark.css",
+            "vendor.js",
+            "settings.js",
+            "conversations.js",
+            "sse.js",
+            "markdown.js",
+            "progress.js",
+            "transfer.js",
+            "views.js",
+            "app.js",
+        ]
     )
     assert "connect-src 'self'" in html and "script-src 'self'" in html
-    for name in ("app.js", "style.css"):
+    for name in PAGE_FILES:
+        if not name.endswith((".js", ".css")) or name.startswith(("vendor", "hljs")):
+            continue
         text = (PACKAGED_UI / name).read_text()
         assert not re.search(r"https?://", text), f"{name} names a network address"
         assert "@import" not in text and "url(" not in text

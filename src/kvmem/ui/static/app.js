@@ -1,122 +1,19 @@
 // The kvmem-server chat page. Plain JavaScript, no build step: the third-party libraries
-// (marked, DOMPurify, highlight.js) come from vendor.js, built by scripts/build-ui.sh.
-// Everything is served by the server itself; nothing is loaded from the network.
+// (marked, DOMPurify, highlight.js) come from vendor.js, built by scripts/build-ui.sh;
+// settings.js, conversations.js, sse.js, markdown.js, progress.js, transfer.js and views.js hold
+// the page's own parts. Everything is served by the server itself; nothing is loaded from the network.
 "use strict";
 
 (() => {
-  const { DOMPurify, hljs, Marked } = window.kvmemVendor;
+  const { messageView, renderMeta, greeting, liveLine } = window.kvmemViews;
+  const { fill, render } = window.kvmemMarkdown;
+  const progress = window.kvmemProgress;
+  const transfer = window.kvmemTransfer;
+  const { sseEvents, apiError } = window.kvmemSse;
+  const { cap, headers, requestOptions, fillSettingsForm, saveSettingsForm } = window.kvmemSettings;
+  const { allConversations, putConversation, deleteConversation, newConversation, byRecent, historyOf, trimPoint } =
+    window.kvmemConversations;
   const $ = (id) => document.getElementById(id);
-  const KEY_STORE = "kvmem.apiKey";
-  const SETTINGS_STORE = "kvmem.settings";
-
-  // ---- Markdown: raw HTML in model output is shown as text, and the result is sanitized.
-  const escapeHtml = (s) =>
-    s.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
-  const marked = new Marked({
-    gfm: true,
-    renderer: {
-      html({ text }) {
-        return escapeHtml(text);
-      },
-      code({ text, lang }) {
-        const language = (lang || "").trim().split(/\s+/)[0];
-        let body;
-        if (language && hljs.getLanguage(language)) {
-          body = hljs.highlight(text, { language, ignoreIllegals: true }).value;
-        } else {
-          body = hljs.highlightAuto(text).value;
-        }
-        const cls = language ? ` language-${escapeHtml(language)}` : "";
-        return `<pre><code class="hljs${cls}">${body}</code></pre>\n`;
-      },
-    },
-  });
-  DOMPurify.addHook("afterSanitizeAttributes", (node) => {
-    if (node.tagName === "A") {
-      node.setAttribute("target", "_blank");
-      node.setAttribute("rel", "noopener noreferrer");
-    }
-  });
-  function renderMarkdown(text) {
-    return DOMPurify.sanitize(marked.parse(text || ""), {
-      FORBID_TAGS: ["style", "form", "input", "button", "iframe", "object", "embed"],
-      FORBID_ATTR: ["style"],
-    });
-  }
-
-  // ---- Settings and the API key (localStorage: they never leave this browser except
-  // as the Authorization header of this server's own API calls).
-  const NUMERIC = [
-    ["set-budget", "reasoning_budget_tokens", parseInt],
-    ["set-max-tokens", "max_tokens", parseInt],
-    ["set-temperature", "temperature", parseFloat],
-    ["set-top-p", "top_p", parseFloat],
-    ["set-top-k", "top_k", parseInt],
-    ["set-min-p", "min_p", parseFloat],
-  ];
-  function loadSettings() {
-    try {
-      return { follow: true, ...JSON.parse(localStorage.getItem(SETTINGS_STORE) || "{}") };
-    } catch {
-      return { follow: true };
-    }
-  }
-  let settings = loadSettings();
-  const apiKey = () => localStorage.getItem(KEY_STORE) || "";
-
-  function fillSettingsForm() {
-    $("set-api-key").value = apiKey();
-    $("set-follow").checked = settings.follow !== false;
-    $("set-thinking").value = settings.thinking || "";
-    $("set-effort").value = settings.effort || "";
-    for (const [id, name] of NUMERIC) $(id).value = settings[name] ?? "";
-    $("sampling-fields").disabled = $("set-follow").checked;
-  }
-  function saveSettingsForm() {
-    const key = $("set-api-key").value.trim();
-    if (key) localStorage.setItem(KEY_STORE, key);
-    else localStorage.removeItem(KEY_STORE);
-    const next = { follow: $("set-follow").checked, thinking: $("set-thinking").value, effort: $("set-effort").value };
-    for (const [id, name, parse] of NUMERIC) {
-      const raw = $(id).value.trim();
-      if (raw !== "" && !Number.isNaN(parse(raw))) next[name] = parse(raw);
-    }
-    settings = next;
-    localStorage.setItem(SETTINGS_STORE, JSON.stringify(settings));
-  }
-  function requestOptions() {
-    if (settings.follow !== false) return {};
-    const out = {};
-    if (settings.thinking) out.chat_template_kwargs = { enable_thinking: settings.thinking === "on" };
-    if (settings.effort) out.reasoning_effort = settings.effort;
-    for (const [, name] of NUMERIC) if (settings[name] !== undefined) out[name] = settings[name];
-    return out;
-  }
-  function headers() {
-    const h = { "Content-Type": "application/json" };
-    if (apiKey()) h.Authorization = `Bearer ${apiKey()}`;
-    return h;
-  }
-
-  // ---- IndexedDB history: one record per conversation {id, title, messages, updated}.
-  const dbReady = new Promise((resolve, reject) => {
-    const req = indexedDB.open("kvmem-chat", 1);
-    req.onupgradeneeded = () => req.result.createObjectStore("conversations", { keyPath: "id" });
-    req.onsuccess = () => resolve(req.result);
-    req.onerror = () => reject(req.error);
-  });
-  async function store(mode, fn) {
-    const db = await dbReady;
-    return new Promise((resolve, reject) => {
-      const tx = db.transaction("conversations", mode);
-      const req = fn(tx.objectStore("conversations"));
-      tx.oncomplete = () => resolve(req && req.result);
-      tx.onerror = () => reject(tx.error);
-    });
-  }
-  const allConversations = () => store("readonly", (s) => s.getAll());
-  const putConversation = (c) => store("readwrite", (s) => s.put(c));
-  const deleteConversation = (id) => store("readwrite", (s) => s.delete(id));
 
   // ---- State
   let conversations = [];
@@ -124,10 +21,8 @@
   let controller = null;
   let vision = false;
   let attachments = [];
+  let server = { model: "KVMem", n_ctx: 0, kvmem: null };
 
-  function newConversation() {
-    return { id: `c${Date.now().toString(36)}${Math.random().toString(36).slice(2, 7)}`, title: "New chat", messages: [], updated: Date.now() };
-  }
   function banner(text) {
     $("banner").textContent = text || "";
     $("banner").hidden = !text;
@@ -136,7 +31,7 @@
   function renderList() {
     const ul = $("conversations");
     ul.replaceChildren();
-    for (const c of [...conversations].sort((a, b) => b.updated - a.updated)) {
+    for (const c of byRecent(conversations)) {
       const li = document.createElement("li");
       li.dataset.id = c.id;
       if (current && c.id === current.id) li.classList.add("active");
@@ -189,9 +84,7 @@
     if (current && current.id === id) stopGeneration();
     await deleteConversation(id);
     conversations = conversations.filter((c) => c.id !== id);
-    if (current && current.id === id) {
-      current = conversations.sort((a, b) => b.updated - a.updated)[0] || null;
-    }
+    if (current && current.id === id) current = byRecent(conversations)[0] || null;
     renderList();
     renderMessages();
   }
@@ -204,73 +97,36 @@
   }
 
   // ---- Messages
-  function textOf(content) {
-    if (typeof content === "string") return content;
-    return (content || []).filter((p) => p.type === "text").map((p) => p.text).join("\n");
-  }
-  function messageView(m) {
-    const el = document.createElement("div");
-    el.className = `msg ${m.role}`;
-    if (m.role === "assistant") {
-      const details = document.createElement("details");
-      details.className = "thinking";
-      details.hidden = !m.reasoning;
-      const summary = document.createElement("summary");
-      summary.textContent = "Thinking";
-      const tbody = document.createElement("div");
-      tbody.className = "thinking-body";
-      tbody.textContent = m.reasoning || "";
-      details.append(summary, tbody);
-      const body = document.createElement("div");
-      body.className = "body";
-      body.innerHTML = renderMarkdown(m.content);
-      const meta = document.createElement("div");
-      meta.className = "meta";
-      el.append(details, body, meta);
-      renderMeta(el, m);
-    } else {
-      const body = document.createElement("div");
-      body.className = "body";
-      body.textContent = textOf(m.content);
-      el.append(body);
-      if (Array.isArray(m.content)) {
-        for (const part of m.content) {
-          if (part.type !== "image_url") continue;
-          const img = document.createElement("img");
-          img.src = part.image_url.url;
-          img.alt = "attached image";
-          el.append(img);
-        }
-      }
-    }
-    return el;
-  }
-  function renderMeta(el, m) {
-    const meta = el.querySelector(".meta");
-    meta.replaceChildren();
-    const add = (cls, text) => {
-      const span = document.createElement("span");
-      span.className = cls;
-      span.textContent = text;
-      meta.append(span);
-    };
-    if (m.error) add("error", m.error);
-    if (m.stopped) add("stopped", "stopped");
-    if (m.speed !== undefined) add("speed", `${m.speed.toFixed(1)} tok/s`);
-    if (m.usage) add("tokens", `${m.usage.completion_tokens} tokens`);
-    if (m.memory) {
-      const k = m.memory;
-      add("memory", `memory: ${k.cached_tokens} cached \u00b7 ${k.reprocessed_tokens} reprocessed \u00b7 ${k.retrieved_tokens} retrieved`);
-      for (const name of ["cached_tokens", "reprocessed_tokens", "retrieved_tokens"]) meta.dataset[name.replace("_tokens", "")] = k[name];
-    }
-  }
+  const actions = {
+    server: () => server,
+    canContinue: (m) => !controller && current && current.messages[current.messages.length - 1] === m,
+    continueReply: (m) => continueReply(current, m),
+    canTrim: (m) => trimPoint(current, m) !== null,
+    trim: (m) => trimAndRetry(current, m),
+    editLast: (m) => editLast(current, m),
+  };
   function renderMessages() {
     const box = $("messages");
-    box.replaceChildren(...(current ? current.messages.map(messageView) : []));
+    if (!current || current.messages.length === 0) {
+      box.replaceChildren(greeting(server, cap()));
+    } else {
+      const views = current.messages.map((m) => messageView(m, actions));
+      const from = current.sentFrom || 0;
+      views.forEach((v, i) => v.classList.toggle("trimmed", i < from));
+      if (from > 0) {
+        const divider = document.createElement("div");
+        divider.className = "trim-divider";
+        divider.textContent = `${from} earlier message${from === 1 ? " is" : "s are"} no longer sent (trimmed to fit the context)`;
+        views.splice(from, 0, divider);
+      }
+      box.replaceChildren(...views);
+    }
     box.scrollTop = box.scrollHeight;
+    liveLine($("kvmem-live"), current, server);
   }
+  const lastView = () => $("messages").lastElementChild;
 
-  // ---- Sending and streaming
+  // ---- Streaming
   function setBusy(busy) {
     $("send").hidden = busy;
     $("stop").hidden = !busy;
@@ -278,31 +134,93 @@
   function stopGeneration() {
     if (controller) controller.abort();
   }
-  async function* sseEvents(response) {
-    const reader = response.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, { stream: true });
-      let cut;
-      while ((cut = buffer.indexOf("\n\n")) >= 0) {
-        const block = buffer.slice(0, cut);
-        buffer = buffer.slice(cut + 2);
-        const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("\n");
-        if (!data) continue;
-        if (data === "[DONE]") return;
-        yield JSON.parse(data);
-      }
-    }
-  }
-  async function apiError(response) {
+  // Streams one request into `reply` (whose view is `view`); a continued reply grows.
+  async function stream(conv, reply, history, view) {
+    controller = new AbortController();
+    setBusy(true);
+    const bar = view.querySelector(".prompt-progress");
+    const before = reply.usage ? reply.usage.completion_tokens : 0;
+    const started = performance.now();
+    let firstToken = null;
+    let pending = false;
+    const paint = () => {
+      pending = false;
+      if (current !== conv) return;
+      fill(view.querySelector(".body"), render(reply.content));
+      const details = view.querySelector("details.thinking");
+      details.hidden = !reply.reasoning;
+      details.querySelector(".thinking-body").textContent = reply.reasoning;
+      if (reply.reasoning && !reply.content) details.open = true;
+      $("messages").scrollTop = $("messages").scrollHeight;
+    };
+    delete reply.error;
+    delete reply.stopped;
+    delete reply.contextFull;
+    reply.cap = cap();
     try {
-      const body = await response.json();
-      return (body.error && body.error.message) || `HTTP ${response.status}`;
-    } catch {
-      return `HTTP ${response.status}`;
+      const response = await fetch("/v1/chat/completions", {
+        method: "POST",
+        headers: headers(),
+        signal: controller.signal,
+        body: JSON.stringify({ messages: history, stream: true, stream_options: { include_usage: true }, return_progress: true, ...requestOptions() }),
+      });
+      if (!response.ok) {
+        const error = await apiError(response);
+        reply.error = error.message;
+        if (error.type === "exceed_context_size_error") reply.contextFull = { n_prompt_tokens: error.n_prompt_tokens, n_ctx: error.n_ctx };
+        if (response.status === 401) banner("This server needs an API key: enter it in Settings.");
+      } else {
+        banner("");
+        for await (const chunk of sseEvents(response)) {
+          if (chunk.error) {
+            reply.error = chunk.error.message;
+            break;
+          }
+          if (chunk.prompt_progress) {
+            reply.progress = chunk.prompt_progress;
+            progress.update(bar, chunk.prompt_progress);
+          }
+          const choice = chunk.choices && chunk.choices[0];
+          if (choice && choice.delta) {
+            if (choice.delta.content) reply.content += choice.delta.content;
+            if (choice.delta.reasoning_content) reply.reasoning = (reply.reasoning || "") + choice.delta.reasoning_content;
+            if ((choice.delta.content || choice.delta.reasoning_content) && firstToken === null) {
+              firstToken = performance.now();
+              progress.finish(bar);
+            }
+          }
+          if (choice && choice.finish_reason) reply.finish = choice.finish_reason;
+          if (chunk.timings) reply.timings = chunk.timings;
+          if (chunk.kvmem) reply.memory = chunk.kvmem;
+          if (chunk.usage) reply.usage = { ...chunk.usage, completion_tokens: before + chunk.usage.completion_tokens };
+          if (!pending) {
+            pending = true;
+            requestAnimationFrame(paint);
+          }
+        }
+      }
+    } catch (err) {
+      if (err.name === "AbortError") reply.stopped = true;
+      else reply.error = String(err.message || err);
+    } finally {
+      controller = null;
+      setBusy(false);
+      progress.finish(bar);
+    }
+    if (reply.timings && reply.timings.predicted_per_second > 0) {
+      reply.speed = reply.timings.predicted_per_second;
+    } else if (reply.usage && firstToken !== null) {
+      const seconds = (performance.now() - firstToken) / 1000;
+      if (seconds > 0) reply.speed = (reply.usage.completion_tokens - before) / seconds;
+    }
+    reply.elapsed_ms = performance.now() - started;
+    conv.updated = Date.now();
+    await putConversation(conv);
+    if (current === conv) {
+      paint();
+      renderMeta(view, reply, actions);
+      liveLine($("kvmem-live"), conv, server);
+      $("messages").scrollTop = $("messages").scrollHeight;
     }
   }
 
@@ -320,81 +238,43 @@
     if (conv.title === "New chat") conv.title = text.slice(0, 40) || "Image";
     attachments = [];
     renderAttachments();
-    const history = conv.messages.map((m) => ({ role: m.role, content: m.content }));
     const reply = { role: "assistant", content: "", reasoning: "" };
     conv.messages.push(reply);
     conv.updated = Date.now();
     await putConversation(conv);
     renderList();
     renderMessages();
-    const view = $("messages").lastElementChild;
-    controller = new AbortController();
-    setBusy(true);
-    const started = performance.now();
-    let firstToken = null;
-    let pending = false;
-    const paint = () => {
-      pending = false;
-      if (current !== conv) return;
-      view.querySelector(".body").innerHTML = renderMarkdown(reply.content);
-      const details = view.querySelector("details.thinking");
-      details.hidden = !reply.reasoning;
-      details.querySelector(".thinking-body").textContent = reply.reasoning;
-      if (reply.reasoning && !reply.content) details.open = true;
-      $("messages").scrollTop = $("messages").scrollHeight;
-    };
-    try {
-      const response = await fetch("/v1/chat/completions", {
-        method: "POST",
-        headers: headers(),
-        signal: controller.signal,
-        body: JSON.stringify({ messages: history, stream: true, stream_options: { include_usage: true }, ...requestOptions() }),
-      });
-      if (!response.ok) {
-        reply.error = await apiError(response);
-        if (response.status === 401) banner("This server needs an API key: enter it in Settings.");
-      } else {
-        banner("");
-        for await (const chunk of sseEvents(response)) {
-          if (chunk.error) {
-            reply.error = chunk.error.message;
-            break;
-          }
-          const choice = chunk.choices && chunk.choices[0];
-          if (choice && choice.delta) {
-            if (choice.delta.content) reply.content += choice.delta.content;
-            if (choice.delta.reasoning_content) reply.reasoning += choice.delta.reasoning_content;
-            if ((choice.delta.content || choice.delta.reasoning_content) && firstToken === null) firstToken = performance.now();
-          }
-          if (chunk.timings) reply.timings = chunk.timings;
-          if (chunk.kvmem) reply.memory = chunk.kvmem;
-          if (chunk.usage) reply.usage = chunk.usage;
-          if (!pending) {
-            pending = true;
-            requestAnimationFrame(paint);
-          }
-        }
-      }
-    } catch (err) {
-      if (err.name === "AbortError") reply.stopped = true;
-      else reply.error = String(err.message || err);
-    } finally {
-      controller = null;
-      setBusy(false);
-    }
-    if (reply.timings && reply.timings.predicted_per_second > 0) {
-      reply.speed = reply.timings.predicted_per_second;
-    } else if (reply.usage && firstToken !== null) {
-      const seconds = (performance.now() - firstToken) / 1000;
-      if (seconds > 0) reply.speed = reply.usage.completion_tokens / seconds;
-    }
-    reply.elapsed_ms = performance.now() - started;
-    conv.updated = Date.now();
+    await stream(conv, reply, historyOf(conv, -1), lastView());
+  }
+
+  // Continue: the reply so far goes back as the last (assistant) message, and the server
+  // continues that message (assistant prefill); the new text is appended to it.
+  async function continueReply(conv, reply) {
+    if (controller || !conv) return;
+    delete reply.finish;
+    renderMeta(lastView(), reply, actions);
+    await stream(conv, reply, historyOf(conv), lastView());
+  }
+
+  async function trimAndRetry(conv, reply) {
+    const point = trimPoint(conv, reply);
+    if (point === null || controller) return;
+    conv.sentFrom = point;
+    delete reply.contextFull;
+    delete reply.error;
+    renderMessages();
+    if (reply.content) await continueReply(conv, reply);
+    else await stream(conv, reply, historyOf(conv, -1), lastView());
+  }
+  async function editLast(conv, reply) {
+    const i = conv.messages.indexOf(reply);
+    const user = conv.messages[i - 1];
+    conv.messages.splice(i - 1, 2); // the message and its reply; the text goes back to the box
+    conv.sentFrom = Math.min(conv.sentFrom || 0, conv.messages.length);
     await putConversation(conv);
-    if (current === conv) {
-      paint();
-      renderMeta(view, reply);
-    }
+    renderMessages();
+    $("prompt").value = user ? window.kvmemViews.textOf(user.content) : "";
+    $("prompt").focus();
   }
 
   // ---- Images (only when the server reports vision)
@@ -413,6 +293,23 @@
     reader.readAsDataURL(file);
   }
 
+  // ---- Export and import
+  async function importFile(file) {
+    let imported;
+    try {
+      imported = transfer.parse(await file.text());
+    } catch (err) {
+      banner(`Import failed: ${file.name}: ${err.message}`);
+      return;
+    }
+    banner("");
+    for (const c of imported) {
+      await putConversation(c);
+      conversations = conversations.filter((o) => o.id !== c.id).concat([c]);
+    }
+    if (imported.length) switchTo(byRecent(imported)[0].id);
+  }
+
   // ---- Server info
   async function loadProps() {
     const response = await fetch("/props", { headers: headers() });
@@ -422,24 +319,24 @@
       return;
     }
     if (!response.ok) {
-      $("server-status").textContent = await apiError(response);
+      $("server-status").textContent = (await apiError(response)).message;
       return;
     }
     banner("");
     const props = await response.json();
     vision = Boolean(props.modalities && props.modalities.vision);
     $("attach-label").hidden = !vision;
-    $("model-name").textContent = props.model_alias || "KVMem";
     const kv = props.kvmem || {};
-    $("server-status").textContent = `ctx ${props.n_ctx}` + (kv.enabled ? ` \u00b7 KVMem budget ${kv.budget} + ${kv.gen_reserve}` : "");
+    server = { model: props.model_alias || "KVMem", n_ctx: props.n_ctx, kvmem: kv };
+    $("model-name").textContent = server.model;
+    $("server-status").textContent = `ctx ${props.n_ctx}` + (kv.enabled ? ` \u00b7 KVMem window ${kv.budget} + ${kv.gen_reserve}` : "");
   }
 
   // ---- Wiring
   async function init() {
     conversations = await allConversations();
-    current = [...conversations].sort((a, b) => b.updated - a.updated)[0] || null;
+    current = byRecent(conversations)[0] || null;
     renderList();
-    renderMessages();
     $("composer").onsubmit = (e) => {
       e.preventDefault();
       if (controller) return; // one generation at a time; the text stays in the box
@@ -471,6 +368,11 @@
       renderMessages();
       $("prompt").focus();
     };
+    $("export").onclick = () => transfer.download(byRecent(conversations), "kvmem-conversations.json");
+    $("import").onchange = async (e) => {
+      for (const file of e.target.files) await importFile(file);
+      e.target.value = "";
+    };
     $("toggle-sidebar").onclick = () => document.getElementById("app").classList.toggle("sidebar-open");
     $("open-settings").onclick = () => {
       fillSettingsForm();
@@ -479,11 +381,13 @@
     $("set-follow").onchange = () => {
       $("sampling-fields").disabled = $("set-follow").checked;
     };
-    $("settings-form").onsubmit = () => {
+    $("settings-form").onsubmit = async () => {
       saveSettingsForm();
-      loadProps();
+      await loadProps();
+      renderMessages();
     };
     await loadProps();
+    renderMessages();
     document.body.dataset.ready = "1";
   }
   init();
