@@ -26,6 +26,7 @@ CPU_STEPS = [
 
 
 def test_the_presets_are_8x_with_20_cases_a_cell() -> None:
+    """A cell is (layout, length) with both kinds, as BRIEF §5's table counts them."""
     assert sorted(PRESETS) == ["cpu", "gpu", "smoke"]
     cpu, gpu = PRESETS["cpu"], PRESETS["gpu"]
     assert (cpu.model, cpu.n_ctx, cpu.budget, cpu.gen_reserve) == ("qwen-0.5b", 16384, 2048, 256)
@@ -138,7 +139,7 @@ def needle_case(method: str, kind: str, correct: bool) -> dict[str, object]:
 def test_the_report_reads_the_steps_back(tmp_path: Path) -> None:
     smoke = PRESETS["smoke"]
     names = [s.name for s in smoke.steps()]
-    assert names == ["needle-document-2048", "needle-raw-2048", "agent-user", "fidelity-2048"]
+    assert names == ["needle-agent-2048", "needle-raw-2048", "agent-user", "fidelity-2048"]
     cases = [needle_case("full", "passkey", True), needle_case("full", "passkey", True)]
     cases += [needle_case("retrieval", "passkey", True), needle_case("retrieval", "passkey", False)]
     cases += [needle_case("compact-rag", "passkey", False)] * 2
@@ -147,15 +148,15 @@ def test_the_report_reads_the_steps_back(tmp_path: Path) -> None:
     (tmp_path / "needle-raw-2048" / "needle.json").write_text(json.dumps(doc))
     runs = [StepRun(name, "ran", 1.0) for name in names]
     text = report(smoke, tmp_path, runs, 4.0)
-    row = "raw passkey 2048   2/2        1/2        -          0/2                        1"
+    row = "raw 2048      2/2        1/2        -          0/2                        1"
     assert row in text.splitlines()
-    missing = "steps without a complete result: needle-document-2048, agent-user, fidelity-2048"
+    missing = "steps without a complete result: needle-agent-2048, agent-user, fidelity-2048"
     assert missing in text
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["needle"] == [
         {
             "layout": "raw",
-            "kind": "passkey",
+            "kinds": "passkey",
             "length": 2048,
             "full": {"correct": 2, "total": 2},
             "retrieval": {"correct": 1, "total": 2},

@@ -38,7 +38,7 @@ class Preset:
     needle_lengths: tuple[int, ...]  # target prompt tokens of the needle cases
     layouts: tuple[str, ...]  # document, tools, agent, raw
     kinds: tuple[str, ...]  # passkey, multikey
-    seeds: int  # seeds x depths cases per (layout, kind, length) cell
+    seeds: int  # kinds x seeds x depths cases per (layout, length) cell
     depths: int
     agent_episodes: int
     agent_tokens: int  # history of one agent-memory episode
@@ -55,7 +55,8 @@ class Preset:
 
     @property
     def cases_per_cell(self) -> int:
-        return self.seeds * self.depths
+        """Cases of one (layout, length) cell, both kinds, as BRIEF §5's table counts."""
+        return len(self.kinds) * self.seeds * self.depths
 
     def engine_args(self, threads: int) -> tuple[str, ...]:
         model = ("-m", self.model) if self.model else ()
@@ -96,7 +97,7 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     # 8x at 16K: a needle at 14,336 tokens is the 28,672 of the 32K protocol at half scale
-    # (7x the window); seeds x depths = 4 x 5 = 20 cases a cell (one case = 5%).
+    # (7x the window); kinds x seeds x depths = 2 x 2 x 5 = 20 cases a cell (one = 5%).
     "cpu": Preset(
         name="cpu",
         model="qwen-0.5b",
@@ -106,7 +107,7 @@ PRESETS: dict[str, Preset] = {
         needle_lengths=(14336,),
         layouts=("document", "tools", "agent", "raw"),
         kinds=("passkey", "multikey"),
-        seeds=4,
+        seeds=2,
         depths=5,
         agent_episodes=1,
         agent_tokens=14336,
@@ -125,7 +126,7 @@ PRESETS: dict[str, Preset] = {
         needle_lengths=(28672, 16384, 8192),
         layouts=("document", "tools", "agent", "raw"),
         kinds=("passkey", "multikey"),
-        seeds=4,
+        seeds=2,
         depths=5,
         agent_episodes=3,
         agent_tokens=28672,
@@ -143,7 +144,7 @@ PRESETS: dict[str, Preset] = {
         budget=512,
         gen_reserve=128,
         needle_lengths=(2048,),
-        layouts=("document", "raw"),
+        layouts=("agent", "raw"),
         kinds=("passkey",),
         seeds=1,
         depths=2,

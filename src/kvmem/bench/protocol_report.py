@@ -1,6 +1,7 @@
 """The protocol's results read back from its steps' JSON: a table, summary.json, a plot.
 
-Needle cells are (layout, kind, length): correct/total per method, and the gap between
+Needle cells are (layout, length), both kinds together as in BRIEF §5's table ("of 20"):
+correct/total per method, and the gap between
 KVMem's retrieval and the compact-rag text baseline. Agent memory: correct/total per
 method and question arrival. Fidelity: mean KL, p99 KL and top-1 agreement per method,
 over all turns and over the turns past the budget; compact-rag has none (the reason is in
@@ -28,11 +29,11 @@ def _load(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if is_complete(path) else None
 
 
-def needle_cells(doc: dict[str, Any]) -> dict[tuple[str, str, int], Tally]:
-    """(layout, kind, length) -> method -> [correct, total], from a needle JSON's cases."""
-    cells: dict[tuple[str, str, int], Tally] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+def needle_cells(doc: dict[str, Any]) -> dict[tuple[str, int], Tally]:
+    """(layout, length) -> method -> [correct, total], from a needle JSON's cases."""
+    cells: dict[tuple[str, int], Tally] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     for case in doc["cases"]:
-        tally = cells[(case["layout"], case["kind"], case["length"])][case["method"]]
+        tally = cells[(case["layout"], case["length"])][case["method"]]
         tally[0] += int(case["correct"])
         tally[1] += 1
     return cells
@@ -49,8 +50,9 @@ def collect(chosen: Preset, out: Path) -> dict[str, Any]:
         if doc is None:
             missing.append(step.name)
         elif step.json == "needle.json":
-            for (layout, kind, length), tally in needle_cells(doc).items():
-                needle.append(_needle_row(layout, kind, length, tally))
+            kinds = sorted({case["kind"] for case in doc["cases"]})
+            for (layout, length), tally in needle_cells(doc).items():
+                needle.append(_needle_row(layout, "+".join(kinds), length, tally))
         elif step.json == "agent.json":
             final = doc["settings"]["final"]
             for method, acc in doc["accuracy"].items():
@@ -68,8 +70,8 @@ def _counts(acc: dict[str, Any]) -> dict[str, int]:
     return {"correct": int(acc["correct"]), "total": int(acc["total"])}
 
 
-def _needle_row(layout: str, kind: str, length: int, tally: Tally) -> dict[str, Any]:
-    row: dict[str, Any] = {"layout": layout, "kind": kind, "length": length}
+def _needle_row(layout: str, kinds: str, length: int, tally: Tally) -> dict[str, Any]:
+    row: dict[str, Any] = {"layout": layout, "kinds": kinds, "length": length}
     row |= {m: {"correct": c, "total": n} for m, (c, n) in tally.items()}
     if "retrieval" in tally and "compact-rag" in tally:
         row["retrieval_minus_compact_rag"] = tally["retrieval"][0] - tally["compact-rag"][0]
@@ -84,7 +86,7 @@ def tables(figures: dict[str, Any]) -> str:
     parts = []
     if figures["needle"]:
         rows = [
-            [f"{r['layout']} {r['kind']} {r['length']}"]
+            [f"{r['layout']} {r['length']}"]
             + [_ratio(r.get(m)) for m in NEEDLE_METHODS]
             + [r.get("retrieval_minus_compact_rag")]
             for r in figures["needle"]
@@ -127,7 +129,7 @@ def report(chosen: Preset, out: Path, runs: Sequence[StepRun], seconds: float) -
 def plot_summary(figures: dict[str, Any], path: Path) -> Path | None:
     """Accuracy per needle cell and agent-memory arrival, one bar per method."""
     groups = [
-        (f"{r['layout']}\n{r['kind']}\n{r['length']}", {m: r.get(m) for m in NEEDLE_METHODS})
+        (f"{r['layout']}\n{r['length']}", {m: r.get(m) for m in NEEDLE_METHODS})
         for r in figures["needle"]
     ]
     by_final: dict[str, dict[str, Any]] = defaultdict(dict)
