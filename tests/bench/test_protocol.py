@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 
 from kvmem.bench import protocol
-from kvmem.bench.protocol import StepRun, is_complete, run_step
+from kvmem.bench.protocol import StepRun, is_complete, run_step, selected
 from kvmem.bench.protocol_presets import PRESETS, Step, preset
 from kvmem.bench.protocol_report import report
 from kvmem.errors import ConfigError
 
 CPU_STEPS = [
-    "needle-document-14336",
-    "needle-tools-14336",
-    "needle-agent-14336",
-    "needle-raw-14336",
+    f"needle-{layout}-{kind}-14336"
+    for layout in ("document", "tools", "agent", "raw")
+    for kind in ("passkey", "multikey")
+] + [
     "agent-user",
     "agent-tool",
     "fidelity-14336",
@@ -41,7 +41,7 @@ def test_the_presets_are_8x_with_20_cases_a_cell() -> None:
 def test_cpu_steps_and_their_command_lines() -> None:
     steps = PRESETS["cpu"].steps(threads=3)
     assert [s.name for s in steps] == CPU_STEPS
-    raw = steps[3]
+    raw = steps[7]
     assert raw.json == "needle.json"
     assert raw.args[:13] == (
         "needle",
@@ -58,7 +58,14 @@ def test_cpu_steps_and_their_command_lines() -> None:
         "--kv-dtype",
         "f16",
     )
-    assert raw.args[-6:] == (
+    assert raw.args[13:] == (
+        "--seeds",
+        "2",
+        "--depths",
+        "5",
+        "--no-plots",
+        "--kinds",
+        "multikey",
         "--layouts",
         "raw",
         "--lengths",
@@ -66,18 +73,27 @@ def test_cpu_steps_and_their_command_lines() -> None:
         "--methods",
         "full,retrieval,recency,compact-rag",
     )
-    assert (
-        "--final" in steps[5].args and steps[5].args[steps[5].args.index("--final") + 1] == "tool"
-    )
-    assert steps[6].args[-2:] == ("--methods", "retrieval,recency")
+    tool = steps[9].args
+    assert tool[tool.index("--final") + 1] == "tool"
+    assert tool[-2:] == ("--methods", "full,retrieval,recency,compact-rag")
+    assert steps[10].args[-2:] == ("--methods", "retrieval,recency")
     gpu_names = [s.name for s in PRESETS["gpu"].steps()]
-    assert gpu_names[:4] == [f"needle-{x}-28672" for x in ("document", "tools", "agent", "raw")]
-    assert len(gpu_names) == 12 + 3
+    assert gpu_names[:2] == ["needle-document-passkey-28672", "needle-document-multikey-28672"]
+    assert len(gpu_names) == 3 * 4 * 2 + 3
 
 
 def test_an_unknown_preset_is_refused() -> None:
     with pytest.raises(ConfigError, match="unknown preset 'big'; use cpu, gpu, smoke"):
         preset("big")
+
+
+def test_steps_picks_named_steps_in_the_presets_order() -> None:
+    steps = PRESETS["cpu"].steps()
+    picked = selected(steps, "fidelity-14336, needle-raw-passkey-14336")
+    assert [s.name for s in picked] == ["needle-raw-passkey-14336", "fidelity-14336"]
+    assert selected(steps, None) == steps
+    with pytest.raises(ConfigError, match="unknown step\\(s\\) needle-raw-9; see --list"):
+        selected(steps, "needle-raw-9,agent-user")
 
 
 def writer_command(marker: Path, complete: bool, rc: int = 0):  # noqa: ANN201
@@ -139,18 +155,25 @@ def needle_case(method: str, kind: str, correct: bool) -> dict[str, object]:
 def test_the_report_reads_the_steps_back(tmp_path: Path) -> None:
     smoke = PRESETS["smoke"]
     names = [s.name for s in smoke.steps()]
-    assert names == ["needle-agent-2048", "needle-raw-2048", "agent-user", "fidelity-2048"]
+    assert names == [
+        "needle-agent-passkey-2048",
+        "needle-raw-passkey-2048",
+        "agent-user",
+        "fidelity-2048",
+    ]
     cases = [needle_case("full", "passkey", True), needle_case("full", "passkey", True)]
     cases += [needle_case("retrieval", "passkey", True), needle_case("retrieval", "passkey", False)]
     cases += [needle_case("compact-rag", "passkey", False)] * 2
-    (tmp_path / "needle-raw-2048").mkdir()
+    (tmp_path / "needle-raw-passkey-2048").mkdir()
     doc = {"complete": True, "cases": cases}
-    (tmp_path / "needle-raw-2048" / "needle.json").write_text(json.dumps(doc))
+    (tmp_path / "needle-raw-passkey-2048" / "needle.json").write_text(json.dumps(doc))
     runs = [StepRun(name, "ran", 1.0) for name in names]
     text = report(smoke, tmp_path, runs, 4.0)
     row = "raw 2048      2/2        1/2        -          0/2                        1"
     assert row in text.splitlines()
-    missing = "steps without a complete result: needle-agent-2048, agent-user, fidelity-2048"
+    missing = (
+        "steps without a complete result: needle-agent-passkey-2048, agent-user, fidelity-2048"
+    )
     assert missing in text
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["needle"] == [

@@ -11,7 +11,7 @@ from kvmem.bench.main import main
 
 pytestmark = [pytest.mark.llama, pytest.mark.model]
 
-STEPS = ["needle-agent-2048", "needle-raw-2048", "agent-user", "fidelity-2048"]
+STEPS = ["needle-agent-passkey-2048", "needle-raw-passkey-2048", "agent-user", "fidelity-2048"]
 METHODS = ["full", "retrieval", "recency", "compact-rag"]
 
 

@@ -1,6 +1,6 @@
 """`kvmem-bench protocol`: the real-model quality protocol in one command, resumable.
 
-    kvmem-bench protocol --preset cpu [--out DIR] [--jobs N] [--threads T] [--list]
+    kvmem-bench protocol --preset cpu [--out DIR] [--jobs N] [--threads T] [--steps A,B] [--list]
 
 Runs the preset's steps (`protocol_presets`): needle recall in each layout (document,
 tools, agent loop, raw completion prompt; passkey and multikey), agent memory and
@@ -79,9 +79,24 @@ def run_step(step: Step, out: Path, threads: int) -> StepRun:
     return StepRun(step.name, "ran", seconds)
 
 
-def run_protocol(chosen: Preset, out: Path, jobs: int, threads: int) -> list[StepRun]:
-    """Every step of `chosen` (the unfinished ones run), `jobs` at a time, in order."""
-    steps = chosen.steps(threads)
+def selected(steps: list[Step], names: str | None) -> list[Step]:
+    """The steps named in `--steps` (comma-separated, in the preset's order), or all."""
+    if not names:
+        return steps
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = sorted(set(wanted) - {s.name for s in steps})
+    if not wanted:
+        raise ConfigError("--steps", f"no step named in {names!r}")
+    if unknown:
+        raise ConfigError("--steps", f"unknown step(s) {', '.join(unknown)}; see --list")
+    return [s for s in steps if s.name in wanted]
+
+
+def run_protocol(
+    chosen: Preset, out: Path, jobs: int, threads: int, names: str | None = None
+) -> list[StepRun]:
+    """The steps of `chosen` (all, or `names`; the unfinished ones run), `jobs` at a time."""
+    steps = selected(chosen.steps(threads), names)
     out.mkdir(parents=True, exist_ok=True)
     if chosen.model and any(not is_complete(step_json(out, s)) for s in steps):
         from kvmem.models import resolve_model_flag
@@ -99,6 +114,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, metavar="DIR", help="(default: protocol-PRESET)")
     p.add_argument("--jobs", type=strict_int, default=None, help="steps at a time")
     p.add_argument("--threads", type=strict_int, default=None, help="-t of each step")
+    p.add_argument("--steps", default=None, help="run only these steps (comma-separated)")
     p.add_argument("--list", action="store_true", help="list the steps and which are done")
     p.set_defaults(handler=run)
 
@@ -118,7 +134,7 @@ def run(ns: argparse.Namespace) -> int:
             print(f"{state}  {step.name}")
         return 0
     t0 = time.perf_counter()
-    runs = run_protocol(chosen, out, jobs, threads)
+    runs = run_protocol(chosen, out, jobs, threads, ns.steps)
     failed = [r.name for r in runs if r.status == "failed"]
     print(report(chosen, out, runs, time.perf_counter() - t0))
     if failed:

@@ -21,7 +21,9 @@ FIDELITY_METHODS = ("retrieval", "recency")  # compact-rag: see fidelity.FIDELIT
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One step: `kvmem-bench ARGS --out OUT/NAME`, done when OUT/NAME/JSON is complete."""
+    """One step: `kvmem-bench ARGS --out OUT/NAME`, done when OUT/NAME/JSON is complete.
+    A needle step is one (layout, kind, length): small enough to redo after a stop, and
+    many enough to spread over `--jobs`."""
 
     name: str
     args: tuple[str, ...]
@@ -76,14 +78,14 @@ class Preset:
     def steps(self, threads: int | None = None) -> list[Step]:
         """Every step, longest needle lengths first (the slowest start first)."""
         engine = self.engine_args(threads or self.threads)
-        grid = ("--kinds", ",".join(self.kinds), "--seeds", str(self.seeds))
-        grid += ("--depths", str(self.depths), "--no-plots")
+        grid = ("--seeds", str(self.seeds), "--depths", str(self.depths), "--no-plots")
         out: list[Step] = []
         for length in sorted(self.needle_lengths, reverse=True):
             for layout in self.layouts:
-                args = ("needle", *engine, *grid, "--layouts", layout, "--lengths", str(length))
-                args += ("--methods", ",".join(NEEDLE_METHODS))
-                out.append(Step(f"needle-{layout}-{length}", args, "needle.json"))
+                for kind in self.kinds:
+                    args = ("needle", *engine, *grid, "--kinds", kind, "--layouts", layout)
+                    args += ("--lengths", str(length), "--methods", ",".join(NEEDLE_METHODS))
+                    out.append(Step(f"needle-{layout}-{kind}-{length}", args, "needle.json"))
         for final in self.agent_finals:
             args = ("agent", *engine, "--episodes", str(self.agent_episodes))
             args += ("--target-tokens", str(self.agent_tokens), "--final", final)

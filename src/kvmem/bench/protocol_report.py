@@ -29,19 +29,26 @@ def _load(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if is_complete(path) else None
 
 
-def needle_cells(doc: dict[str, Any]) -> dict[tuple[str, int], Tally]:
-    """(layout, length) -> method -> [correct, total], from a needle JSON's cases."""
+def needle_rows(cases: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (layout, length) cell of needle cases (of any steps): correct/total per
+    method, the kinds it holds, and retrieval's lead over compact-rag."""
     cells: dict[tuple[str, int], Tally] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
-    for case in doc["cases"]:
-        tally = cells[(case["layout"], case["length"])][case["method"]]
+    kinds: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for case in cases:
+        key = (case["layout"], case["length"])
+        tally = cells[key][case["method"]]
         tally[0] += int(case["correct"])
         tally[1] += 1
-    return cells
+        kinds[key].add(case["kind"])
+    return [
+        _needle_row(layout, "+".join(sorted(kinds[(layout, length)])), length, tally)
+        for (layout, length), tally in cells.items()
+    ]
 
 
 def collect(chosen: Preset, out: Path) -> dict[str, Any]:
     """The figures of every complete step (missing steps are listed, not guessed)."""
-    needle: list[dict[str, Any]] = []
+    cases: list[dict[str, Any]] = []
     agent: list[dict[str, Any]] = []
     fidelity: list[dict[str, Any]] = []
     missing: list[str] = []
@@ -50,9 +57,7 @@ def collect(chosen: Preset, out: Path) -> dict[str, Any]:
         if doc is None:
             missing.append(step.name)
         elif step.json == "needle.json":
-            kinds = sorted({case["kind"] for case in doc["cases"]})
-            for (layout, length), tally in needle_cells(doc).items():
-                needle.append(_needle_row(layout, "+".join(kinds), length, tally))
+            cases += doc["cases"]
         elif step.json == "agent.json":
             final = doc["settings"]["final"]
             for method, acc in doc["accuracy"].items():
@@ -63,7 +68,7 @@ def collect(chosen: Preset, out: Path) -> dict[str, Any]:
                 | {"top1": s["top1_agreement"], "tokens": doc["transcript"]["final_prompt_tokens"]}
                 for s in doc["overall"]
             ]
-    return {"needle": needle, "agent": agent, "fidelity": fidelity, "missing": missing}
+    return {"needle": needle_rows(cases), "agent": agent, "fidelity": fidelity, "missing": missing}
 
 
 def _counts(acc: dict[str, Any]) -> dict[str, int]:
