@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,7 @@ def test_steps_picks_named_steps_in_the_presets_order() -> None:
         selected(steps, "needle-raw-9,agent-user")
 
 
-def writer_command(marker: Path, complete: bool, rc: int = 0):  # noqa: ANN201
+def writer_command(marker: Path, complete: bool, rc: int = 0) -> Callable[[Step, Path], list[str]]:
     """A real process standing in for a kvmem-bench step: writes its JSON and a marker."""
 
     def command(step: Step, out: Path) -> list[str]:

@@ -27,6 +27,7 @@ from kvmem.bench.compact_rag import (
     rank_chunks,
 )
 from kvmem.bench.conversation import Message, PromptRenderer, RenderedPrompt, Role, Tools
+from kvmem.bench.engines import BenchEngine
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,7 @@ def message_text(message: Message) -> str:
 
 
 class _Tokens:
-    def __init__(self, engine) -> None:  # noqa: ANN001 - a BenchEngine
+    def __init__(self, engine: BenchEngine) -> None:
         self.engine = engine
 
     def count(self, text: str) -> int:
@@ -78,7 +79,7 @@ class _Tokens:
 
 
 def chat_prompt(
-    engine,  # noqa: ANN001 - a BenchEngine (tokenize, detokenize)
+    engine: BenchEngine,
     renderer: PromptRenderer,
     messages: Sequence[Message],
     full: RenderedPrompt,
@@ -116,7 +117,9 @@ def chat_prompt(
     return CompactPrompt(render([chunks[i] for i in packing.kept]), packing)
 
 
-def raw_render(engine, parts: Sequence[str], answer_prefix: str = "") -> RenderedPrompt:  # noqa: ANN001
+def raw_render(
+    engine: BenchEngine, parts: Sequence[str], answer_prefix: str = ""
+) -> RenderedPrompt:
     """A raw completion prompt: BOS (if the model adds one), then the parts' text as plain
     text; no chat spans (KVMem's query is the prompt's tail)."""
     info = engine.info
@@ -128,7 +131,7 @@ def raw_render(engine, parts: Sequence[str], answer_prefix: str = "") -> Rendere
 
 
 def raw_prompt(
-    engine,  # noqa: ANN001 - a BenchEngine
+    engine: BenchEngine,
     parts: Sequence[str],
     full: RenderedPrompt,
     limits: CompactBudget,
