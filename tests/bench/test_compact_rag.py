@@ -180,3 +180,18 @@ def test_raw_prompt_keeps_the_question_and_the_best_document_chunks() -> None:
     assert words.detokenize(out.prompt.tokens) == (
         "the pass key is 42 Question: what is the pass key? Answer: The pass key is"
     )
+
+
+def test_pinned_text_over_the_budget_is_shown_whole_and_warned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    words = Words()
+    renderer = ChatMLRenderer(words)
+    full = renderer.render(MESSAGES, answer_prefix=PREFIX)
+    limits = CompactBudget(budget=10, query_max_tokens=512, chunk_tokens=5)
+    with caplog.at_level("WARNING", logger="kvmem.bench.compact_prompts"):
+        out = chat_prompt(words, renderer, MESSAGES, full, limits, answer_prefix=PREFIX)
+    assert (out.packing.kept, out.packing.prompt_tokens) == ([], 15)
+    assert caplog.messages == [
+        "compact-rag: the pinned text alone is 15 tokens, over the budget of 10"
+    ]

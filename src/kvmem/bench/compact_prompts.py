@@ -14,6 +14,7 @@ and the others are history.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -28,6 +29,8 @@ from kvmem.bench.compact_rag import (
 )
 from kvmem.bench.conversation import Message, PromptRenderer, RenderedPrompt, Role, Tools
 from kvmem.bench.engines import BenchEngine
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +117,17 @@ def chat_prompt(
     packing = pack_chunks(
         chunks, rank_chunks(chunks, query), limits.budget, lambda kept: len(render(kept))
     )
+    _warn_over(packing, limits)
     return CompactPrompt(render([chunks[i] for i in packing.kept]), packing)
+
+
+def _warn_over(packing: Packing, limits: CompactBudget) -> None:
+    if packing.prompt_tokens > limits.budget:
+        logger.warning(
+            "compact-rag: the pinned text alone is %d tokens, over the budget of %d",
+            packing.prompt_tokens,
+            limits.budget,
+        )
 
 
 def raw_render(
@@ -149,4 +162,5 @@ def raw_prompt(
     packing = pack_chunks(
         chunks, rank_chunks(chunks, query), limits.budget, lambda kept: len(render(kept))
     )
+    _warn_over(packing, limits)
     return CompactPrompt(render([chunks[i] for i in packing.kept]), packing)
