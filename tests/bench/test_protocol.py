@@ -157,23 +157,23 @@ def test_the_report_reads_the_steps_back(tmp_path: Path) -> None:
     smoke = PRESETS["smoke"]
     names = [s.name for s in smoke.steps()]
     assert names == [
-        "needle-agent-passkey-2048",
-        "needle-raw-passkey-2048",
+        "needle-agent-passkey-1024",
+        "needle-raw-passkey-1024",
         "agent-user",
-        "fidelity-2048",
+        "fidelity-1024",
     ]
     cases = [needle_case("full", "passkey", True), needle_case("full", "passkey", True)]
     cases += [needle_case("retrieval", "passkey", True), needle_case("retrieval", "passkey", False)]
     cases += [needle_case("compact-rag", "passkey", False)] * 2
-    (tmp_path / "needle-raw-passkey-2048").mkdir()
+    (tmp_path / "needle-raw-passkey-1024").mkdir()
     doc = {"complete": True, "cases": cases}
-    (tmp_path / "needle-raw-passkey-2048" / "needle.json").write_text(json.dumps(doc))
+    (tmp_path / "needle-raw-passkey-1024" / "needle.json").write_text(json.dumps(doc))
     runs = [StepRun(name, "ran", 1.0) for name in names]
     text = report(smoke, tmp_path, runs, 4.0)
     row = "raw 2048      2/2        1/2        -          0/2                        1"
     assert row in text.splitlines()
     missing = (
-        "steps without a complete result: needle-agent-passkey-2048, agent-user, fidelity-2048"
+        "steps without a complete result: needle-agent-passkey-1024, agent-user, fidelity-1024"
     )
     assert missing in text
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -11,7 +11,7 @@ from kvmem.bench.main import main
 
 pytestmark = [pytest.mark.llama, pytest.mark.model]
 
-STEPS = ["needle-agent-passkey-2048", "needle-raw-passkey-2048", "agent-user", "fidelity-2048"]
+STEPS = ["needle-agent-passkey-1024", "needle-raw-passkey-1024", "agent-user", "fidelity-1024"]
 METHODS = ["full", "retrieval", "recency", "compact-rag"]
 
 
