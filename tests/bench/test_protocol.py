@@ -160,7 +160,7 @@ def test_the_report_reads_the_steps_back(tmp_path: Path) -> None:
         "needle-agent-passkey-1024",
         "needle-raw-passkey-1024",
         "agent-user",
-        "fidelity-1024",
+        "fidelity-1536",
     ]
     cases = [needle_case("full", "passkey", True), needle_case("full", "passkey", True)]
     cases += [needle_case("retrieval", "passkey", True), needle_case("retrieval", "passkey", False)]
@@ -173,7 +173,7 @@ def test_the_report_reads_the_steps_back(tmp_path: Path) -> None:
     row = "raw 2048      2/2        1/2        -          0/2                        1"
     assert row in text.splitlines()
     missing = (
-        "steps without a complete result: needle-agent-passkey-1024, agent-user, fidelity-1024"
+        "steps without a complete result: needle-agent-passkey-1024, agent-user, fidelity-1536"
     )
     assert missing in text
     summary = json.loads((tmp_path / "summary.json").read_text())

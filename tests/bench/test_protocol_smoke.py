@@ -11,7 +11,7 @@ from kvmem.bench.main import main
 
 pytestmark = [pytest.mark.llama, pytest.mark.model]
 
-STEPS = ["needle-agent-passkey-1024", "needle-raw-passkey-1024", "agent-user", "fidelity-1024"]
+STEPS = ["needle-agent-passkey-1024", "needle-raw-passkey-1024", "agent-user", "fidelity-1536"]
 METHODS = ["full", "retrieval", "recency", "compact-rag"]
 
 

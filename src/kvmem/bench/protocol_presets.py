@@ -153,7 +153,7 @@ PRESETS: dict[str, Preset] = {
         agent_episodes=1,
         agent_tokens=1024,
         agent_finals=("user",),
-        fidelity_tokens=1024,
+        fidelity_tokens=1536,  # the fewest that hold one turn (1,346 tokens)
         threads=2,
         jobs=1,
     ),
