@@ -3,7 +3,8 @@
 Each episode's history is processed once per method; its questions are then asked one
 after another as the final user turn (the session reuses the history and drops the
 previous question). Methods: full context, KVMem retrieval and recency at the budget,
-and the "last N tokens only" baseline.
+the "last N tokens only" baseline and `compact-rag` (BM25-ranked history chunks in the
+budget, `compact_prompts`).
 
 `--final tool` asks each question the way an agent loop meets it: after the history the
 user gives a task (fill in a profile form) and the question comes back as a tool result,
@@ -23,6 +24,7 @@ from tqdm import tqdm
 
 from kvmem.bench import agent_final_tool
 from kvmem.bench.agent_data import Episode, Question, QuestionType, build_episode, is_correct
+from kvmem.bench.compact_prompts import CompactBudget, chat_prompt
 from kvmem.bench.conversation import (
     Message,
     PromptRenderer,
@@ -87,11 +89,12 @@ def run_agent(
     max_tokens: int,
     final: str = "user",
     bar: tqdm | None = None,  # a tqdm bar of the questions asked (kvmem-bench --progress-bar)
+    limits: CompactBudget | None = None,
 ) -> list[AgentResult]:
     results: list[AgentResult] = []
     episodes: list[Episode] | None = None
     for method in methods:
-        engine = factory.open(Method.FULL if method is Method.LAST_N else method)
+        engine = factory.open(method.engine_method)
         try:
             if episodes is None:
                 episodes = build_episodes(engine, seeds, target_tokens)
@@ -102,7 +105,17 @@ def run_agent(
                 engine.reset()
                 for question in episode.questions:
                     results.append(
-                        _ask(engine, renderer, method, episode, question, last_n, max_tokens, final)
+                        _ask(
+                            engine,
+                            renderer,
+                            method,
+                            episode,
+                            question,
+                            last_n,
+                            max_tokens,
+                            final,
+                            limits,
+                        )
                     )
                     if bar is not None:
                         bar.update()
@@ -120,17 +133,23 @@ def _ask(
     last_n: int,
     max_tokens: int,
     final: str = "user",
+    limits: CompactBudget | None = None,
 ) -> AgentResult:
     if final == "tool":
         loop, prefix = agent_final_tool.final_tool_messages(question)
-        prompt = renderer.render(
-            episode.history + loop, answer_prefix=prefix, tools=agent_final_tool.TOOLS
-        )
+        messages, tools = episode.history + loop, agent_final_tool.TOOLS
     else:
         messages = episode.history + [Message(Role.USER, question.text)]
-        prompt = renderer.render(messages, answer_prefix=question.answer_prefix)
+        prefix, tools = question.answer_prefix, None
+    prompt = renderer.render(messages, answer_prefix=prefix, tools=tools)
     if method is Method.LAST_N:
         prompt = last_tokens_only(prompt, last_n)
+    elif method is Method.COMPACT_RAG:
+        if limits is None:
+            raise ConfigError("--methods", "compact-rag needs the KVMem budget it compacts into")
+        prompt = chat_prompt(
+            engine, renderer, messages, prompt, limits, tools=tools, answer_prefix=prefix
+        ).prompt
     answer = ask(engine, prompt, max_tokens)
     result = AgentResult(
         method=method,
@@ -234,6 +253,7 @@ def run(ns: argparse.Namespace) -> int:
             last_n,
             ns.max_tokens,
             ns.final,
+            limits=CompactBudget(settings.kvmem.budget, settings.kvmem.query_max_tokens),
             bar=bar,
         )
     print(table(results))

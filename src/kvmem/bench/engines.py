@@ -1,8 +1,9 @@
 """The engines a benchmark compares, and asking one of them a question.
 
 `Method` names a configuration: full context (plain llama.cpp, `--no-kvmem`), KVMem
-with `retrieval` or `recency` at the same budget, or the "last N tokens only" baseline
-(a full-context engine that only sees the system prompt and the last N prompt tokens).
+with `retrieval` or `recency` at the same budget, the "last N tokens only" baseline (a full-context engine
+that only sees the system prompt and the last N prompt tokens), or `compact-rag` (a
+full-context engine shown the BM25-ranked history chunks that fit the budget).
 Benchmarks talk to engines through `BenchEngine`, so unit tests can use fakes.
 """
 
@@ -44,10 +45,16 @@ class Method(Enum):
     RETRIEVAL = "retrieval"
     RECENCY = "recency"
     LAST_N = "lastn"
+    COMPACT_RAG = "compact-rag"  # BM25-ranked history chunks in the budget (compact_rag)
 
     @property
     def uses_kvmem(self) -> bool:
         return self in (Method.RETRIEVAL, Method.RECENCY)
+
+    @property
+    def engine_method(self) -> Method:
+        """The engine that answers: the baselines that shorten the prompt use full context."""
+        return Method.FULL if self in (Method.LAST_N, Method.COMPACT_RAG) else self
 
 
 class BenchEngine(Protocol):

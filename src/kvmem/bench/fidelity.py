@@ -42,6 +42,13 @@ from kvmem.memory.spans import PromptSpans, TokenSpan
 logger = logging.getLogger(__name__)
 
 DEFAULT_METHODS = (Method.RETRIEVAL, Method.RECENCY)
+# Why fidelity has no compact-rag (or lastn): it compares next-token distributions over the
+# same tokens at the same positions; those baselines show the model another, shorter prompt.
+FIDELITY_METHODS = (
+    "fidelity compares KVMem methods (retrieval, recency) with full context over the same "
+    "tokens; compact-rag and lastn show the model another, shorter prompt, so there is no "
+    "per-position distribution to compare"
+)
 _MAX_TURNS = 200
 
 
@@ -152,8 +159,8 @@ def run_fidelity(
     if bar is not None:
         bar.reset(total=len(steps) * len(methods))
     for method in methods:
-        if method is Method.FULL or method is Method.LAST_N:
-            raise ConfigError("--methods", "fidelity compares KVMem methods (retrieval, recency)")
+        if not method.uses_kvmem:
+            raise ConfigError("--methods", FIDELITY_METHODS)
         engine = factory.open(method)
         try:
             for step, ref in zip(steps, ref_logits, strict=True):

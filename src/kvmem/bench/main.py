@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         models_cli,
         mtp_overhead,
         needle,
+        protocol,
         score_cost,
         summarize,
         synth_cli,
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         lanes_bench,
         score_cost,
         transfer_copy,
+        protocol,
     ):
         module.add_parser(subparsers)
     return parser

@@ -19,7 +19,13 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvmem.bench.conversation import RenderedPrompt, last_tokens_only, make_renderer
+from kvmem.bench.compact_prompts import CompactBudget, chat_prompt, raw_prompt, raw_render
+from kvmem.bench.conversation import (
+    PromptRenderer,
+    RenderedPrompt,
+    last_tokens_only,
+    make_renderer,
+)
 from kvmem.bench.engines import (
     BenchEngine,
     EngineFactory,
@@ -113,10 +119,45 @@ def build_prompts(
     out = []
     for spec in specs:
         case = build_case(spec, count)
+        if spec.layout is Layout.RAW:
+            parts = [m.content for m in case.messages]
+            out.append((case, raw_render(engine, parts, case.answer_prefix), None))
+            continue
         prompt = renderer.render(case.messages, answer_prefix=case.answer_prefix, tools=case.tools)
         span = renderer.span_of(case.messages, prompt, case.needle, case.tools)
         out.append((case, prompt, span))
     return out
+
+
+def shown_prompt(
+    engine: BenchEngine,
+    renderer: PromptRenderer,
+    method: Method,
+    case: NeedleCase,
+    prompt: RenderedPrompt,
+    last_n: int,
+    limits: CompactBudget | None,
+) -> RenderedPrompt:
+    """What `method` is shown of a case: lastn's tail, compact-rag's compacted prompt
+    (within `limits`), else the whole prompt."""
+    if method is Method.LAST_N:
+        return last_tokens_only(prompt, last_n)
+    if method is not Method.COMPACT_RAG:
+        return prompt
+    if limits is None:
+        raise ConfigError("--methods", "compact-rag needs the KVMem budget it compacts into")
+    if case.spec.layout is Layout.RAW:
+        parts = [m.content for m in case.messages]
+        return raw_prompt(engine, parts, prompt, limits, answer_prefix=case.answer_prefix).prompt
+    return chat_prompt(
+        engine,
+        renderer,
+        case.messages,
+        prompt,
+        limits,
+        tools=case.tools,
+        answer_prefix=case.answer_prefix,
+    ).prompt
 
 
 def run_needle(
@@ -129,11 +170,13 @@ def run_needle(
     reset_each_case: bool = False,
     n_ctx: int | None = None,
     oracle: bool = False,
+    limits: CompactBudget | None = None,
 ) -> list[NeedleResult]:
     """Ask every case of `specs` with every method, in the order of `specs`.
 
     Unless `reset_each_case`, the session keeps its history between cases and reuses the
-    common prefix, as a server would: cases of one haystack (same layout, length and
+    common prefix, as a server would (compact-rag's prompts, which differ from the first
+    kept chunk on, are mostly processed anew): cases of one haystack (same layout, length and
     seed) differ only from the first needle on, so order them by depth (`NeedleGrid.specs`
     does) to reprocess as little as possible.
 
@@ -143,8 +186,9 @@ def run_needle(
     results: list[NeedleResult] = []
     prompts: list[tuple[NeedleCase, RenderedPrompt, TokenSpan | None]] | None = None
     for method in methods:
-        engine = factory.open(Method.FULL if method is Method.LAST_N else method)
+        engine = factory.open(method.engine_method)
         try:
+            renderer = make_renderer(engine)
             if prompts is None:
                 prompts = build_prompts(specs, engine)
                 if n_ctx is not None:
@@ -158,7 +202,7 @@ def run_needle(
             for case, prompt, span in prompts:
                 if reset_each_case:
                     engine.reset()
-                shown = last_tokens_only(prompt, last_n) if method is Method.LAST_N else prompt
+                shown = shown_prompt(engine, renderer, method, case, prompt, last_n, limits)
                 with forced_spans(engine, (span,) if forcing and span is not None else ()):
                     answer = ask(engine, shown, max_tokens)
                 spec = case.spec
@@ -287,7 +331,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--layouts",
         default="document",
-        help="document,tools,agent (agent: the final message is a tool result)",
+        help="document,tools,agent,raw (agent: the final message is a tool result; raw: a "
+        "completion prompt without the chat template)",
     )
     p.add_argument("--lengths", default="6144", help="comma-separated target prompt tokens")
     p.add_argument("--depths", type=strict_int, default=10, help="number of depths in [0, 1]")
@@ -407,6 +452,7 @@ def run(ns: argparse.Namespace) -> int:
             reset_each_case=ns.reset_each_case,
             n_ctx=settings.n_ctx,
             oracle=ns.oracle,
+            limits=CompactBudget(settings.kvmem.budget, settings.kvmem.query_max_tokens),
         )
     print(tables(results))
     plots: list[str] = []

@@ -5,7 +5,9 @@ acknowledges it, then a separate user turn asks the question), `tools` (an agent
 conversation of tool calls and tool results: logs, JSON and source files; the needle is
 one line of a tool result; then a user question) and `agent` (the agent loop itself: the
 last user message is the task at the start, the needle is a line of a tool result, and
-the final message is a tool result that asks for the key; see `needle_agent`). Kinds: `passkey` (one key) and `multikey` (four keys for
+the final message is a tool result that asks for the key; see `needle_agent`), and `raw`
+(the document and the question as one completion prompt, no chat template: its parts are
+the case's messages' contents, concatenated by `compact_prompts.raw_render`). Kinds: `passkey` (one key) and `multikey` (four keys for
 named vaults, the question asks for one of them). Cases are a pure function of their
 spec, so every method sees the same tokens.
 """
@@ -34,6 +36,7 @@ _TOOLS_TASK = (
     "and keep track of anything important."
 )
 _ACK = "I have read the document."
+RAW_QUESTION = "\n\nQuestion: {question}\nAnswer:"
 _TOOLS_ACK = "I have gone through the tool results."
 _MARKUP_TOKENS = 6  # chat markup per message: <|im_start|>role\n ... <|im_end|>\n
 _N_DISTRACTORS = 3
@@ -48,6 +51,7 @@ class Layout(Enum):
     DOCUMENT = "document"
     TOOLS = "tools"
     AGENT = "agent"
+    RAW = "raw"  # a completion prompt: the document, then the question; no chat template
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,16 +116,21 @@ def build_case(spec: NeedleSpec, count_tokens: Callable[[str], int]) -> NeedleCa
             f"What is the pass key for the {target_vault} vault? Answer with the number only."
         )
         prefix = f"The pass key for the {target_vault} vault is"
+    if spec.layout is Layout.RAW:
+        prefix = " " + prefix  # after "Answer:"
     fixed = [
-        SYSTEM_PROMPT if spec.layout is Layout.DOCUMENT else AGENT_SYSTEM_PROMPT,
+        SYSTEM_PROMPT if spec.layout is not Layout.TOOLS else AGENT_SYSTEM_PROMPT,
         question,
         prefix,
-        _DOCUMENT_INTRO if spec.layout is Layout.DOCUMENT else _TOOLS_TASK,
-        _ACK if spec.layout is Layout.DOCUMENT else _TOOLS_ACK,
+        _DOCUMENT_INTRO if spec.layout is not Layout.TOOLS else _TOOLS_TASK,
+        _ACK if spec.layout is not Layout.TOOLS else _TOOLS_ACK,
     ]
     overhead = sum(count_tokens(text) for text in fixed) + 5 * _MARKUP_TOKENS
     budget = max(64, spec.length - overhead)
-    if spec.layout is Layout.DOCUMENT:
+    if spec.layout is Layout.RAW:
+        document = _document_messages(hay_rng, budget, needles, count_tokens, question)[1]
+        messages = [document, Message(Role.USER, RAW_QUESTION.format(question=question))]
+    elif spec.layout is Layout.DOCUMENT:
         messages = _document_messages(hay_rng, budget, needles, count_tokens, question)
     else:
         messages = _tool_messages(hay_rng, budget, needles, count_tokens, question)
