@@ -124,6 +124,8 @@ GPU_TABLE: tuple[Flag, ...] = (
       "LLAMA_ARG_MAIN_GPU", metavar="INDEX", group=G.GPU),
     F(("-ts", "--tensor-split"), "tensor_split", "llama.cpp tensor split: proportions, at most one non-zero (one GPU only)", t.tensor_split, (),
       "LLAMA_ARG_TENSOR_SPLIT", metavar="N0", shown_default="none", group=G.GPU),
+    F(("--rpc",), "rpc", "RPC workers (kvmem-rpc-worker) whose devices join the layer split, before the local GPUs; no authentication: trusted networks only", t.rpc_workers, (),
+      "LLAMA_ARG_RPC", metavar="HOST:PORT,...", shown_default="none", programs=P.BOTH, group=G.GPU),
 )
 
 LOG_TABLE: tuple[Flag, ...] = (

@@ -86,7 +86,7 @@ def _check_gpu_options(v: dict[str, Any], warnings: list[str]) -> None:
         )
     split = v["tensor_split"]
     assert isinstance(split, tuple)
-    if sum(1 for x in split if x > 0) > 1:
+    if sum(1 for x in split if x > 0) > 1 and not v["rpc"]:  # --rpc: workers' shares first
         raise ConfigError(
             "--tensor-split", "multi-GPU operation is not supported: give at most one GPU a share"
         )

@@ -33,6 +33,7 @@ from .model import LlamaModel, ModelInfo
 from .model_path import resolve_model_path
 from .mtp_draft import MtpDrafter
 from .query_capture import QueryCapture, capture_staging
+from .rpc_traffic import NetworkMeter
 from .sampler import Sampler
 from .scoring_context import ScoringContext
 from .session import KVMemSession
@@ -137,6 +138,8 @@ class Engine:
             spec=spec_decoder(settings.spec, self.mtp),
             scoring=self.scoring,
         )
+        if settings.placement.rpc:  # the transfer profile counts the bytes to the workers
+            self.session.transfer.profile.network = NetworkMeter(settings.placement.rpc)
         if self.disk_store is not None:
             self._load_stored_session(index)
         self.pool: ConversationPool | None = None

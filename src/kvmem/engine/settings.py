@@ -15,6 +15,7 @@ from kvmem.spec_config import SpecConfig
 from .host_staging import STAGING_BYTES
 from .model_path import resolve_model_path
 from .nextn_meta import check_mtp_head
+from .rpc_endpoints import RpcEndpoint
 
 MAX_LANES = 4  # --parallel: engines sharing one model
 
@@ -27,6 +28,8 @@ class GpuPlacement:
     split_mode: str = "layer"  # none | layer
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
+    # --rpc: RPC workers whose devices join the layer split, before the local GPUs
+    rpc: tuple[RpcEndpoint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from kvmem.server.responses import (
     merge_choices,
     sse_data,
 )
+from kvmem.server.rpc_status import rpc_body
 from kvmem.server.schemas import parse_chat_request
 from kvmem.server.worker import WorkerState
 
@@ -59,15 +60,20 @@ def _ready_state(request: Request) -> ServerState:
 @health_router.get("/health")
 @health_router.get("/v1/health")
 async def health(request: Request) -> JSONResponse:
-    worker = _state(request).worker
+    state = _state(request)
+    worker = state.worker
+    rpc = {"rpc": state.rpc.health()} if state.rpc is not None else {}  # --rpc workers
     if worker.state is WorkerState.READY:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", **rpc})
     message = (
         "Loading model" if worker.state is WorkerState.LOADING else f"model {worker.state.value}"
     )
+    if worker.state is WorkerState.LOST:
+        message = str(worker.load_error)
     body = {
         "status": worker.state.value,
         "error": {"message": message, "type": "unavailable_error", "param": None, "code": 503},
+        **rpc,
     }
     return JSONResponse(body, status_code=503)
 
@@ -87,6 +93,8 @@ async def props(request: Request) -> JSONResponse:
     body = props_body(state.settings, state.info, state.template)
     body["kvmem"]["window"] = state.window() if state.window is not None else {}
     body["kvmem"]["transfer"] = state.transfer() if state.transfer is not None else {}
+    if state.rpc is not None:  # --rpc: the workers and which layers live where
+        body["rpc"] = rpc_body(state.settings, state.info)
     return JSONResponse(body)
 
 
