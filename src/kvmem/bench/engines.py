@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from kvmem.bench.conversation import RenderedPrompt
-from kvmem.cli.arg_types import gpu_layers
+from kvmem.cli.arg_types import gpu_layers, rpc_workers, tensor_split
 from kvmem.cli.kvmem_flags import (
     add_kv_cache_arguments,
     add_kvmem_arguments,
@@ -27,7 +27,7 @@ from kvmem.cli.kvmem_flags import (
     strict_int,
 )
 from kvmem.config import KVCacheTypes, KVMemConfig
-from kvmem.engine import EngineSettings
+from kvmem.engine import EngineSettings, GpuPlacement
 from kvmem.errors import ConfigError
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.spans import TokenSpan
@@ -104,6 +104,7 @@ class BenchSettings:
     n_ubatch: int = 512
     flash_attn: bool = True
     n_gpu_layers: int = -1
+    placement: GpuPlacement = GpuPlacement()  # --rpc workers and -ts shares
 
     def engine_settings(self, method: Method) -> EngineSettings:
         if method.uses_kvmem:
@@ -122,6 +123,7 @@ class BenchSettings:
             cache_types=self.cache_types,
             kvmem=kv,
             seed=0,
+            placement=self.placement,
         )
 
     def describe(self) -> dict[str, object]:
@@ -137,6 +139,7 @@ class BenchSettings:
             "cache_type_k": self.cache_types.k.label,
             "cache_type_v": self.cache_types.v.label,
             "threads": self.n_threads,
+            "rpc": [str(w) for w in self.placement.rpc],
         }
 
 
@@ -171,6 +174,16 @@ def add_engine_arguments(
     parser.add_argument("-ub", "--ubatch-size", type=strict_int, default=512)
     parser.add_argument(
         "-ngl", "--gpu-layers", type=gpu_layers, default=-1, help="N, all or auto (default: all)"
+    )
+    parser.add_argument(
+        "--rpc",
+        type=rpc_workers,
+        default=(),
+        metavar="HOST:PORT,...",
+        help="RPC workers (kvmem-rpc-worker) whose devices join the layer split",
+    )
+    parser.add_argument(
+        "-ts", "--tensor-split", type=tensor_split, default=(), help="shares per device, e.g. 1,1"
     )
     parser.add_argument(
         "--methods",
@@ -208,6 +221,7 @@ def settings_from_args(ns: argparse.Namespace) -> BenchSettings:
         n_batch=ns.batch_size,
         n_ubatch=ns.ubatch_size,
         n_gpu_layers=ns.gpu_layers,
+        placement=GpuPlacement(tensor_split=tuple(ns.tensor_split), rpc=tuple(ns.rpc)),
     )
 
 

@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         models_cli,
         mtp_overhead,
         needle,
+        rpc_bench,
         score_cost,
         summarize,
         synth_cli,
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         lanes_bench,
         score_cost,
         transfer_copy,
+        rpc_bench,
     ):
         module.add_parser(subparsers)
     return parser
