@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from kvmem.config import KVMemConfig
+from kvmem.config import KVMemConfig, QuerySource
 from kvmem.engine import Engine, EngineSettings, GpuPlacement, TurnStats
 from kvmem.engine.rpc_endpoints import RpcEndpoint
 from kvmem.errors import RpcUnavailableError
@@ -108,21 +109,40 @@ def test_evict_restore_round_trip_is_bit_exact_across_workers(over_budget) -> No
     assert profile["state_set"]["net_bytes"] > 0
 
 
-def test_multi_turn_over_budget_matches_local(over_budget) -> None:
-    local, remote = over_budget
-    base = filler_tokens(local, 1800, seed=5)
-    outputs: dict[str, list[list[int]]] = {"local": [], "remote": []}
-    for name, engine in (("local", local), ("remote", remote)):
-        engine.reset()
-        prompt = list(base[:700])
-        for turn in range(3):
-            out = _greedy(engine, prompt, 10)
-            outputs[name].append(out)
-            prompt = prompt + out + list(base[700 + 300 * turn : 1000 + 300 * turn])
-        assert engine.session.table.n_complete_blocks * 128 > OVER.budget  # it really evicted
-    assert outputs["remote"] == outputs["local"]
-    assert remote.last_turn.cached_tokens == local.last_turn.cached_tokens > 0
-    assert remote.transfer_profile()["prefill_decode"]["net_bytes"] > 0
+@pytest.mark.parametrize("source", [QuerySource.MAIN, QuerySource.SCORING], ids=lambda q: q.value)
+def test_multi_turn_over_budget_matches_local(smollm2_path: str, workers, source) -> None:
+    kvmem = replace(OVER, query_source=source)  # query capture on the main or the scoring context
+    local, remote = _engine(smollm2_path, kvmem), _engine(smollm2_path, kvmem, workers)
+    try:
+        base = filler_tokens(local, 1800, seed=5)
+        outputs: dict[str, list[list[int]]] = {"local": [], "remote": []}
+        stats: dict[str, list[tuple[int, ...]]] = {"local": [], "remote": []}
+        for name, engine in (("local", local), ("remote", remote)):
+            prompt = list(base[:700])
+            for turn in range(3):
+                out = _greedy(engine, prompt, 10)
+                outputs[name].append(out)
+                st = engine.last_turn
+                stats[name].append(
+                    (
+                        st.cached_tokens,
+                        st.reprocessed_tokens,
+                        st.stage_in_blocks,
+                        st.harvested_blocks,
+                    )
+                )
+                prompt = prompt + out + list(base[700 + 300 * turn : 1000 + 300 * turn])
+            # it really went over the budget: blocks were harvested and brought back
+            assert engine.session.table.n_complete_blocks * 128 > OVER.budget
+        assert outputs["remote"] == outputs["local"]
+        assert stats["remote"] == stats["local"]  # the same memory decisions, turn by turn
+        assert sum(s[2] for s in stats["remote"]) > 0
+        paths = remote.transfer_profile()
+        assert paths["prefill_decode"]["net_bytes"] > 0
+        assert paths["state_get"]["net_bytes"] > 0
+    finally:
+        local.close()
+        remote.close()
 
 
 def test_unreachable_worker_is_an_error_not_an_abort(smollm2_path: str) -> None:
