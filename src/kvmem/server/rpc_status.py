@@ -11,13 +11,15 @@ names the workers that no longer accept connections for `/health`.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvmem.chat.protocol import ModelInfoLike
 from kvmem.errors import RpcUnavailableError, RpcWorkerLostError
 from kvmem.server.settings import ServerSettings
-from kvmem.server.worker import EngineWorker
+from kvmem.server.worker import EngineWorker, WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -67,3 +69,16 @@ class RpcWatch:
 
     def health(self) -> dict[str, Any]:
         return {"workers": [str(w) for w in self.settings.engine.placement.rpc], "lost": self.lost}
+
+
+def exit_if_worker_lost(worker: EngineWorker, code: int) -> None:
+    """After shutdown: with a lost RPC worker, leave at once (os._exit). ggml-rpc's
+    connection thread that met the lost worker is parked, and llama.cpp's teardown at
+    normal exit would wait for it forever."""
+    if worker.state is not WorkerState.LOST:
+        return
+    logger.warning("exiting without llama.cpp's teardown: an RPC worker was lost")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
