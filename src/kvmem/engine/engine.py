@@ -138,8 +138,7 @@ class Engine:
             spec=spec_decoder(settings.spec, self.mtp),
             scoring=self.scoring,
         )
-        if settings.placement.rpc:  # the transfer profile counts the bytes to the workers
-            self.session.transfer.profile.network = NetworkMeter(settings.placement.rpc)
+        self._meter_network(self.session)
         if self.disk_store is not None:
             self._load_stored_session(index)
         self.pool: ConversationPool | None = None
@@ -189,7 +188,7 @@ class Engine:
             workers = max(1, min(4, (os.cpu_count() or 2) // 4))
             index = BackgroundIndex(self.key_geometry, layers, workers)
         store = self.conv_disk.open_store(slot) if self.conv_disk is not None else None
-        return KVMemSession(
+        session = KVMemSession(
             self.ctx,
             kv,
             self.info.n_ctx,
@@ -202,6 +201,13 @@ class Engine:
             spec=spec_decoder(self.settings.spec, self.mtp),
             scoring=self.scoring,
         )
+        self._meter_network(session)
+        return session
+
+    def _meter_network(self, session: KVMemSession) -> None:
+        """With --rpc, the session's transfer profile counts the bytes to the workers."""
+        if self.settings.placement.rpc:
+            session.transfer.profile.network = NetworkMeter(self.settings.placement.rpc)
 
     def _fingerprint(self, index: RetrievalIndex | None) -> dict[str, str]:
         geometry = self.key_geometry
