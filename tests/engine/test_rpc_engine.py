@@ -25,7 +25,8 @@ OVER = KVMemConfig(budget=512, gen_reserve=256)  # 2K-token conversations exceed
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Worker]]:
     require_rpc()
-    started = start_workers(2, tmp_path_factory.mktemp("rpc-workers"))
+    # -t as the local engine's: ggml's CPU kernels split some reductions by thread count
+    started = start_workers(2, tmp_path_factory.mktemp("rpc-workers"), threads=2)
     yield started
     stop_workers(started)
 

@@ -23,7 +23,7 @@ def rpc_setup(
 ) -> Iterator[tuple[LiveServer, list[Worker]]]:
     require_rpc()
     logs = tmp_path_factory.mktemp("rpc-server")
-    workers = start_workers(2, logs)
+    workers = start_workers(2, logs, threads=2)
     rpc = ",".join(str(w.endpoint) for w in workers)
     try:
         server = start_server(
