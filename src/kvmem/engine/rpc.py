@@ -24,6 +24,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import llama_cpp
 from llama_cpp._ctypes_extensions import load_shared_library
@@ -49,6 +50,17 @@ NO_RPC_MESSAGE = (
 )
 
 
+def _linked(name: str) -> ctypes.CDLL:
+    """The instance of lib<name> that libllama links (its soname, `lib<name>.so.0`): the
+    wheel holds copies, not links, so `lib<name>.so` would be a second instance with its
+    own backend registry and abort callback."""
+    base_path = Path(llama_cpp.llama_cpp._base_path)
+    linked = base_path / f"lib{name}.so.0"
+    if linked.exists():
+        return ctypes.CDLL(str(linked))
+    return load_shared_library(name, base_path)
+
+
 def _bind(lib: ctypes.CDLL, name: str, argtypes: list[object], restype: object) -> None:
     fn = getattr(lib, name)
     fn.argtypes = argtypes
@@ -60,14 +72,13 @@ class RpcLibrary:
 
     def __init__(self) -> None:
         llama_lib.init_backend()
-        base_path = llama_cpp.llama_cpp._base_path
-        lib = load_shared_library("ggml", base_path)
+        lib = _linked("ggml")
         vp, cp, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
         _bind(lib, "ggml_backend_reg_by_name", [cp], vp)
         _bind(lib, "ggml_backend_register", [vp], None)
         _bind(lib, "ggml_backend_dev_count", [], sz)
         _bind(lib, "ggml_backend_dev_get", [sz], vp)
-        base = load_shared_library("ggml-base", base_path)
+        base = _linked("ggml-base")
         _bind(base, "ggml_backend_reg_get_proc_address", [vp, cp], vp)
         _bind(base, "ggml_backend_reg_name", [vp], cp)
         _bind(base, "ggml_backend_reg_dev_count", [vp], sz)
