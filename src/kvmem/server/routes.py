@@ -13,7 +13,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from kvmem.chat.turn import TurnDone
-from kvmem.errors import EngineNotReadyError, InvalidRequestError, ServerShuttingDownError
+from kvmem.errors import (
+    EngineNotReadyError,
+    InvalidRequestError,
+    RpcWorkerLostError,
+    ServerShuttingDownError,
+)
 from kvmem.server.auth import require_api_key
 from kvmem.server.channel import EventChannel, JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob, prepare_chat_job
@@ -52,6 +57,8 @@ def _ready_state(request: Request) -> ServerState:
     state = _state(request)
     if state.worker.state is WorkerState.STOPPED:
         raise ServerShuttingDownError("the server is shutting down")
+    if isinstance(state.worker.load_error, RpcWorkerLostError):  # --rpc: a worker went away
+        raise state.worker.load_error
     if state.worker.state is not WorkerState.READY or state.template is None:
         raise EngineNotReadyError(f"the model is not ready ({state.worker.state.value})")
     return state
