@@ -115,13 +115,13 @@ def test_multi_turn_over_budget_matches_local(smollm2_path: str, workers, source
     kvmem = replace(OVER, query_source=source)  # query capture on the main or the scoring context
     local, remote = _engine(smollm2_path, kvmem), _engine(smollm2_path, kvmem, workers)
     try:
-        base = filler_tokens(local, 1800, seed=5)
+        base = filler_tokens(local, 1200, seed=5)
         outputs: dict[str, list[list[int]]] = {"local": [], "remote": []}
         stats: dict[str, list[tuple[int, ...]]] = {"local": [], "remote": []}
         for name, engine in (("local", local), ("remote", remote)):
-            prompt = list(base[:700])
+            prompt = list(base[:600])
             for turn in range(3):
-                out = _greedy(engine, prompt, 10)
+                out = _greedy(engine, prompt, 8)
                 outputs[name].append(out)
                 st = engine.last_turn
                 stats[name].append(
@@ -132,7 +132,7 @@ def test_multi_turn_over_budget_matches_local(smollm2_path: str, workers, source
                         st.harvested_blocks,
                     )
                 )
-                prompt = prompt + out + list(base[700 + 300 * turn : 1000 + 300 * turn])
+                prompt = prompt + out + list(base[600 + 200 * turn : 800 + 200 * turn])
             # it really went over the budget: blocks were harvested and brought back
             assert engine.session.table.n_complete_blocks * 128 > OVER.budget
         assert outputs["remote"] == outputs["local"]
