@@ -87,14 +87,15 @@ def _run(
         net0 = meter.total() if meter else 0
         first = list(engine.generate(prompt, sampling=GREEDY, max_tokens=1))
         pre = engine.last_turn
-        net1 = meter.total() if meter else 0
+        net1, paths1 = (meter.total() if meter else 0), _path_net(engine)
         rest = list(
             engine.generate(
                 prompt + first, sampling=GREEDY, max_tokens=ns.gen_tokens, ignore_eos=True
             )
         )
         dec = engine.last_turn
-        net2 = meter.total() if meter else 0
+        # decode alone: less what the turn's paths (restore, harvest, prefill) moved
+        net2 = (meter.total() if meter else 0) - (_path_net(engine) - paths1)
         return RunResult(
             name=name,
             prefill_tokens=pre.prefill_tokens,
@@ -110,6 +111,10 @@ def _run(
         engine.close()
 
 
+def _path_net(engine: Any) -> int:
+    return sum(int(t.get("net_bytes", 0) or 0) for t in engine.transfer_profile().values())
+
+
 def paper_estimate(
     local: RunResult, remote: RunResult, n_workers: int
 ) -> dict[str, dict[str, float]]:
@@ -119,7 +124,13 @@ def paper_estimate(
         decode_s = 1 / remote.decode_tok_s + remote.net_bytes_per_decode_token / bandwidth
         decode_s += ROUND_TRIPS_PER_WORKER * n_workers * rtt
         prefill_s = 1 / remote.prefill_tok_s + remote.net_bytes_per_prefill_token / bandwidth
-        out[link] = {"decode_tok_s": 1 / decode_s, "prefill_tok_s": 1 / prefill_s}
+        out[link] = {
+            "decode_tok_s": 1 / decode_s,
+            "prefill_tok_s": 1 / prefill_s,
+            # the link's own share: what it adds per token to the loopback time
+            "decode_net_ms_per_token": (decode_s - 1 / remote.decode_tok_s) * 1e3,
+            "prefill_net_ms_per_token": (prefill_s - 1 / remote.prefill_tok_s) * 1e3,
+        }
     return out
 
 
@@ -179,7 +190,9 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"  {path:16} {t['net_bytes']:>12} B over {t['calls']} calls")
     for link, est in report["estimate"].items():
         print(
-            f"estimate {link}: prefill {est['prefill_tok_s']:.1f} tok/s, decode {est['decode_tok_s']:.1f} tok/s"
+            f"estimate {link}: prefill {est['prefill_tok_s']:.1f} tok/s "
+            f"(+{est['prefill_net_ms_per_token']:.2f} ms/token), decode "
+            f"{est['decode_tok_s']:.1f} tok/s (+{est['decode_net_ms_per_token']:.2f} ms/token)"
         )
 
 
