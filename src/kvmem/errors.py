@@ -105,3 +105,11 @@ class TurnCancelledError(KVMemError):
 
 class ServerShuttingDownError(EngineNotReadyError):
     """The server received SIGTERM/SIGINT/SIGHUP: queued and running requests end."""
+
+
+class RpcUnavailableError(KVMemError):
+    """The llama.cpp build has no RPC backend (libggml-rpc), or a worker cannot be reached."""
+
+
+class RpcWorkerLostError(EngineNotReadyError):
+    """An RPC worker holding some of the model's layers went away (the engine cannot go on)."""

@@ -88,7 +88,7 @@ def dry_run(
 
 
 def test_packaged_recipes() -> None:
-    assert recipe_names() == ["cpu-smollm2", "iq3-16gib"]
+    assert recipe_names() == ["cpu-smollm2", "iq3-16gib", "rpc-smollm2"]
     listing = subprocess.run(
         [sys.executable, "-m", "kvmem.launch.main", "--list"], capture_output=True, text=True
     )

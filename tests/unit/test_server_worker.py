@@ -148,3 +148,27 @@ def test_shutdown_answers_waiting_jobs_with_shutting_down() -> None:
     assert isinstance(failed, JobFailed) and isinstance(failed.error, ServerShuttingDownError)
     with pytest.raises(ServerShuttingDownError):
         worker.submit(job())
+
+
+def test_a_lost_rpc_worker_fails_running_and_waiting_jobs_and_later_ones() -> None:
+    from kvmem.errors import RpcWorkerLostError
+
+    engine = FakeEngine(replies=lambda prompt: "x" * 400, token_delay_s=0.01)
+    worker = ready_worker(engine, queue_size=2)
+    running, waiting = job("run"), job("wait")
+    worker.submit(running)
+    assert engine.started.wait(5)
+    worker.submit(waiting)
+    lost = RpcWorkerLostError("the RPC worker 127.0.0.1:50053 went away")
+    worker.mark_lost(lost)
+    for j in (running, waiting):
+        assert j.channel.done.wait(5)  # type: ignore[attr-defined]
+        failures = [i for i in j.channel.items if isinstance(i, JobFailed)]  # type: ignore[attr-defined]
+        assert [f.error for f in failures] == [lost]
+    assert worker.state is WorkerState.LOST
+    with pytest.raises(RpcWorkerLostError) as err:
+        worker.submit(job("later"))
+    assert err.value is lost
+    t0 = time.monotonic()
+    worker.stop()  # does not wait for an engine thread that may never come back
+    assert time.monotonic() - t0 < 10.0  # generous: it must not hang

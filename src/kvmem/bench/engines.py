@@ -27,13 +27,13 @@ from kvmem.cli.kvmem_flags import (
     strict_int,
 )
 from kvmem.config import KVCacheTypes, KVMemConfig
-from kvmem.engine import EngineSettings
+from kvmem.engine import EngineSettings, GpuPlacement
 from kvmem.errors import ConfigError
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.spans import TokenSpan
 from kvmem.models import resolve_model_flag
 from kvmem.sampling import SamplingParams
-from kvmem.settings.values import gpu_layers
+from kvmem.settings.values import gpu_layers, rpc_workers, tensor_split
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,7 @@ class BenchSettings:
     n_ubatch: int = 512
     flash_attn: bool = True
     n_gpu_layers: int = -1
+    placement: GpuPlacement = GpuPlacement()  # --rpc workers and -ts shares
 
     def engine_settings(self, method: Method) -> EngineSettings:
         if method.uses_kvmem:
@@ -129,6 +130,7 @@ class BenchSettings:
             cache_types=self.cache_types,
             kvmem=kv,
             seed=0,
+            placement=self.placement,
         )
 
     def describe(self) -> dict[str, object]:
@@ -144,6 +146,7 @@ class BenchSettings:
             "cache_type_k": self.cache_types.k.label,
             "cache_type_v": self.cache_types.v.label,
             "threads": self.n_threads,
+            "rpc": [str(w) for w in self.placement.rpc],
         }
 
 
@@ -178,6 +181,16 @@ def add_engine_arguments(
     parser.add_argument("-ub", "--ubatch-size", type=strict_int, default=512)
     parser.add_argument(
         "-ngl", "--gpu-layers", type=gpu_layers, default=-1, help="N, all or auto (default: all)"
+    )
+    parser.add_argument(
+        "--rpc",
+        type=rpc_workers,
+        default=(),
+        metavar="HOST:PORT,...",
+        help="RPC workers (kvmem-rpc-worker) whose devices join the layer split",
+    )
+    parser.add_argument(
+        "-ts", "--tensor-split", type=tensor_split, default=(), help="shares per device, e.g. 1,1"
     )
     parser.add_argument(
         "--methods",
@@ -215,6 +228,7 @@ def settings_from_args(ns: argparse.Namespace) -> BenchSettings:
         n_batch=ns.batch_size,
         n_ubatch=ns.ubatch_size,
         n_gpu_layers=ns.gpu_layers,
+        placement=GpuPlacement(tensor_split=tuple(ns.tensor_split), rpc=tuple(ns.rpc)),
     )
 
 

@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         mtp_overhead,
         needle,
         protocol,
+        rpc_bench,
         score_cost,
         summarize,
         synth_cli,
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         score_cost,
         transfer_copy,
         protocol,
+        rpc_bench,
     ):
         module.add_parser(subparsers)
     return parser

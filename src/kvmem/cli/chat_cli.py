@@ -82,7 +82,7 @@ def parse_gpu_layers(value: str) -> int:
 
 def settings_from_args(ns: argparse.Namespace):
     """Validate everything and build EngineSettings (no model is loaded here)."""
-    from kvmem.engine import EngineSettings
+    from kvmem.engine import EngineSettings, GpuPlacement
 
     _check(ns)
     flags = kvmem_config_from_args(
@@ -104,6 +104,7 @@ def settings_from_args(ns: argparse.Namespace):
         kvmem=flags.kvmem,
         seed=ns.seed,
         spec=spec_config_from_args(ns),  # --spec-* (declared on SpecConfig)
+        placement=GpuPlacement(rpc=tuple(ns.rpc)),  # --rpc: remote devices join the split
     )
     settings.validate()
     return settings

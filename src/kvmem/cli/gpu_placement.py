@@ -4,8 +4,8 @@ kvmem-server runs on one GPU. `--device none` keeps every layer on the CPU; `--d
 NAME<i>` (CUDA0, Vulkan1, ...) puts the model on device i (split mode none, main GPU i;
 an explicit `--main-gpu` wins, with a warning when they differ). `--split-mode none|layer`
 and `--main-gpu` go to llama.cpp's model parameters as they are; `--tensor-split` is passed
-as given (at most one non-zero share). Multi-GPU settings are rejected earlier
-(server_config._check_gpu_options).
+as given (at most one non-zero share, or one per device with `--rpc`: the workers' devices
+come first). Multi-GPU settings are rejected earlier (server_config._check_gpu_options).
 """
 
 from __future__ import annotations
@@ -38,4 +38,9 @@ def gpu_placement(m: ModelFlags, sources: Mapping[str, str], warnings: list[str]
             main_gpu = index
         elif main_gpu != index:
             warnings.append(f"--main-gpu {main_gpu} overrides the index of --device {devices[0]}")
-    return GpuPlacement(split_mode=split_mode, main_gpu=main_gpu, tensor_split=m.tensor_split)
+    return GpuPlacement(
+        split_mode=split_mode,
+        main_gpu=main_gpu,
+        tensor_split=m.tensor_split,
+        rpc=m.rpc,  # --rpc: workers' devices first, as llama.cpp orders them
+    )

@@ -90,7 +90,7 @@ def _check_gpu_options(m: ModelFlags) -> None:
             f"'{m.split_mode.value}' splits across GPUs, which is not supported: "
             "use --split-mode none --main-gpu INDEX or layer on one GPU",
         )
-    if sum(1 for x in m.tensor_split if x > 0) > 1:
+    if sum(1 for x in m.tensor_split if x > 0) > 1 and not m.rpc:  # --rpc: workers' shares first
         raise ConfigError(
             "--tensor-split", "multi-GPU operation is not supported: give at most one GPU a share"
         )

@@ -94,6 +94,13 @@ class ModelFlags:
         help="llama.cpp tensor split: proportions, at most one non-zero (one GPU only)",
         parse=t.tensor_split, env="LLAMA_ARG_TENSOR_SPLIT", metavar="N0", shown="none", **_GPU,
     )  # fmt: skip
+    rpc: tuple[Any, ...] = setting(
+        (), "--rpc",
+        help="RPC workers (kvmem-rpc-worker) whose devices join the layer split, before the "
+        "local GPUs; no authentication: trusted networks only",
+        parse=t.rpc_workers, env="LLAMA_ARG_RPC", metavar="HOST:PORT,...", shown="none",
+        programs=Program.BOTH, **_GPU,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from .model import LlamaModel, ModelInfo
 from .model_path import resolve_model_path
 from .mtp_draft import MtpDrafter
 from .query_capture import QueryCapture, capture_staging
+from .rpc_traffic import NetworkMeter
 from .sampler import Sampler
 from .scoring_context import ScoringContext
 from .session import KVMemSession
@@ -137,6 +138,7 @@ class Engine:
             spec=spec_decoder(settings.spec, self.mtp),
             scoring=self.scoring,
         )
+        self._meter_network(self.session)
         if self.disk_store is not None:
             self._load_stored_session(index)
         self.pool: ConversationPool | None = None
@@ -186,7 +188,7 @@ class Engine:
             workers = max(1, min(4, (os.cpu_count() or 2) // 4))
             index = BackgroundIndex(self.key_geometry, layers, workers)
         store = self.conv_disk.open_store(slot) if self.conv_disk is not None else None
-        return KVMemSession(
+        session = KVMemSession(
             self.ctx,
             kv,
             self.info.n_ctx,
@@ -199,6 +201,13 @@ class Engine:
             spec=spec_decoder(self.settings.spec, self.mtp),
             scoring=self.scoring,
         )
+        self._meter_network(session)
+        return session
+
+    def _meter_network(self, session: KVMemSession) -> None:
+        """With --rpc, the session's transfer profile counts the bytes to the workers."""
+        if self.settings.placement.rpc:
+            session.transfer.profile.network = NetworkMeter(self.settings.placement.rpc)
 
     def _fingerprint(self, index: RetrievalIndex | None) -> dict[str, str]:
         geometry = self.key_geometry

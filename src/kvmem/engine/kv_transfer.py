@@ -124,9 +124,10 @@ class KVTransfer:
             for run in runs:
                 self.ctx.seq_cp(MAIN_SEQ, HARVEST_SEQ, run.start * bt, run.stop * bt)
         try:
-            t_get, grow = time.perf_counter(), self._grow_mark()
+            t_get, grow, net0 = time.perf_counter(), self._grow_mark(), prof.net_mark()
             blob = self.ctx.get_state(HARVEST_SEQ, staging=self.staging)
-            prof.add(TransferPath.STATE_GET, (time.perf_counter() - t_get) * 1e3, len(blob))
+            ms, net = (time.perf_counter() - t_get) * 1e3, prof.net_mark() - net0
+            prof.add(TransferPath.STATE_GET, ms, len(blob), net_bytes=net)
             self._note_grow(grow)
         finally:
             with prof.timed(TransferPath.SEQ_RM):

@@ -13,7 +13,9 @@ import llama_cpp
 
 from kvmem.errors import ModelLoadError
 from kvmem.memory.rope import RopeParams, RopeType
+from kvmem.settings.rpc_endpoints import LayerPlacement
 
+from . import rpc
 from .llama_lib import init_backend
 from .settings import GpuPlacement
 
@@ -49,6 +51,7 @@ class ModelInfo:
     # the texts of the control/user-defined tokens (template markup such as <|im_start|>)
     special_texts: tuple[str, ...] = ()
     max_token_chars: int = 0  # the longest token text in bytes (>= characters per token)
+    layers: LayerPlacement | None = None  # each layer's device, from llama.cpp's load log
 
 
 def apply_placement(placement: GpuPlacement, params: Any) -> Any:
@@ -97,12 +100,20 @@ class LlamaModel:
         params.load_mode = LOAD_MODES[load_mode]
         params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
         keep_alive = apply_placement(placement, params) if placement is not None else None
+        workers = placement.rpc if placement is not None else ()
+        devices = rpc.model_devices(workers)  # None unless RPC workers are registered
+        if devices is not None:
+            params.devices = ctypes.cast(devices, ctypes.c_void_p)
         # llama.cpp's CPU "extra" buffer types (weight repacking, AMX) are off unless
         # KVMEM_CPU_EXTRA_BUFTS=1: a native build on a CPU that reports AMX inside a VM that
         # does not enable it dies with SIGILL (tilezero) on the first batch.
         params.use_extra_bufts = os.environ.get("KVMEM_CPU_EXTRA_BUFTS", "0") not in ("", "0")
-        ptr = llama_cpp.llama_model_load_from_file(path.encode(), params)
-        del keep_alive
+        load_log: list[str] = []
+        with rpc.captured_load_log(load_log):
+            ptr = llama_cpp.llama_model_load_from_file(path.encode(), params)
+        del keep_alive, devices
+        # each layer's device as llama.cpp assigned it (/props, KVMEM_STARTUP)
+        self.layers: LayerPlacement = rpc.layer_placement(load_log)
         if not ptr:
             raise ModelLoadError(f"llama.cpp failed to load the model {path}")
         self.ptr = ptr
@@ -198,6 +209,7 @@ class LlamaModel:
             bos_text=self.piece_text(bos) if bos >= 0 else "",
             eos_text=self.piece_text(eos) if eos >= 0 else "",
             add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self.vocab)),
+            layers=self.layers,
             **self._token_facts(),
         )
 

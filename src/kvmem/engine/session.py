@@ -497,11 +497,13 @@ class KVMemSession:
         earlier turn (the same tokens at the same positions give the same rows)."""
         assert self.scoring is not None
         missing = [s for s in wanted if query_key(s, prompt) not in self._queries]
-        t0 = time.perf_counter()
+        t0, net0 = time.perf_counter(), self.transfer.profile.net_mark()
         rows = self.scoring.query_rows(prompt, missing)
         if missing:
+            net = self.transfer.profile.net_mark() - net0
+            ms = (time.perf_counter() - t0) * 1e3
             self.transfer.profile.add(
-                TransferPath.SCORING_DECODE, (time.perf_counter() - t0) * 1e3, calls=len(missing)
+                TransferPath.SCORING_DECODE, ms, calls=len(missing), net_bytes=net
             )
         return rows
 
@@ -585,7 +587,7 @@ class KVMemSession:
             self.window.note_decode()
             live = [s for s in capture if pos < s.end and pos + len(chunk) > s.start]
             last = c0 + len(chunk) == len(tokens)
-            t_decode = time.perf_counter()
+            t_decode, net0 = time.perf_counter(), prof.net_mark() if prof else 0
             got = self._decode_chunk(chunk, pos, want_all_logits, last, bool(live))
             decode_ms = (time.perf_counter() - t_decode) * 1e3
             for span in live:
@@ -603,7 +605,7 @@ class KVMemSession:
                 on_chunk()
             c0 += len(chunk)
             if prof is not None:
-                prof.add(TransferPath.PREFILL_DECODE, decode_ms)
+                prof.add(TransferPath.PREFILL_DECODE, decode_ms, net_bytes=prof.net_mark() - net0)
                 loop_ms = (time.perf_counter() - t_loop) * 1e3
                 prof.add(TransferPath.PREFILL_GAP, loop_ms - decode_ms)
         if spans is not None:

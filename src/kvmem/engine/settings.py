@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from kvmem.config import KVCacheTypes, KVMemConfig
 from kvmem.errors import ConfigError
+from kvmem.settings.rpc_endpoints import RpcEndpoint
 from kvmem.spec_config import SpecConfig
 
 from .host_staging import STAGING_BYTES
@@ -27,6 +28,8 @@ class GpuPlacement:
     split_mode: str = "layer"  # none | layer
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
+    # --rpc: RPC workers whose devices join the layer split, before the local GPUs
+    rpc: tuple[RpcEndpoint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol
+
+
+class NetworkCounter(Protocol):
+    """Bytes exchanged so far with the RPC workers (kvmem.engine.rpc_traffic.NetworkMeter)."""
+
+    def total(self) -> int: ...
 
 
 class TransferPath(Enum):
@@ -47,6 +54,7 @@ class PathTiming:
     calls: int = 0
     ms: float = 0.0
     bytes: int = 0
+    net_bytes: int = 0  # bytes that crossed the network to RPC workers meanwhile
 
     @property
     def gb_s(self) -> float | None:
@@ -61,29 +69,46 @@ class TransferProfile:
     paths: dict[TransferPath, PathTiming] = field(
         default_factory=lambda: {p: PathTiming() for p in TransferPath}
     )
+    network: NetworkCounter | None = None  # set when layers live on RPC workers
+
+    def net_mark(self) -> int:
+        """The network byte counter now (0 without RPC workers): `add(net_bytes=)` takes
+        the difference of two marks."""
+        return self.network.total() if self.network is not None else 0
 
     @contextmanager
     def timed(self, path: TransferPath, n_bytes: int = 0, calls: int = 1) -> Iterator[None]:
+        net0 = self.net_mark()
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self.add(path, (time.perf_counter() - t0) * 1e3, n_bytes, calls)
+            ms = (time.perf_counter() - t0) * 1e3
+            self.add(path, ms, n_bytes, calls, net_bytes=self.net_mark() - net0)
 
-    def add(self, path: TransferPath, ms: float, n_bytes: int = 0, calls: int = 1) -> None:
+    def add(
+        self, path: TransferPath, ms: float, n_bytes: int = 0, calls: int = 1, net_bytes: int = 0
+    ) -> None:
         p = self.paths[path]
         p.calls += calls
         p.ms += ms
         p.bytes += n_bytes
+        p.net_bytes += net_bytes
 
     def clear(self) -> None:
         for p in self.paths.values():
-            p.calls, p.ms, p.bytes = 0, 0.0, 0
+            p.calls, p.ms, p.bytes, p.net_bytes = 0, 0.0, 0, 0
 
     def snapshot(self) -> dict[str, dict[str, float | int | None]]:
-        """{path: {calls, ms, bytes, gb_s}} for the paths that were used."""
-        return {
+        """{path: {calls, ms, bytes, gb_s}} for the paths that were used (plus net_bytes
+        when layers live on RPC workers)."""
+        out: dict[str, dict[str, float | int | None]] = {
             path.value: {"calls": t.calls, "ms": t.ms, "bytes": t.bytes, "gb_s": t.gb_s}
             for path, t in self.paths.items()
             if t.calls
         }
+        if self.network is not None:
+            for path, t in self.paths.items():
+                if t.calls:
+                    out[path.value]["net_bytes"] = t.net_bytes
+        return out

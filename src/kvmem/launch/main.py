@@ -27,6 +27,7 @@ from kvmem.launch.service import (
     start,
     stop,
 )
+from kvmem.launch.workers import ensure_workers, stop_workers
 
 _SECRET_ENV = ("LLAMA_API_KEY", "LLAMA_ARG_API_KEY")
 
@@ -139,6 +140,8 @@ def _run(ns: argparse.Namespace, extra: list[str], environ: Mapping[str, str]) -
             "pidfile": str(files.pidfile),
             "log": str(files.log),
         }
+        if plan.workers:  # started first, in this order (launch/workers.py)
+            body["workers"] = [w.as_json() for w in plan.workers]
         print(json.dumps(body, indent=2))
         return 0
     with port_lock(files):
@@ -151,8 +154,10 @@ def _run(ns: argparse.Namespace, extra: list[str], environ: Mapping[str, str]) -
                         f"port {plan.port} is held by a listener this launcher did not start ({listener.describe()}); not touching it"
                     )
                 _say(f"no server started by kvmem-launch runs on port {plan.port}")
-                return 0
-            _say(f"pid {ours.pid} {stop(ours, files)}")
+            else:
+                _say(f"pid {ours.pid} {stop(ours, files)}")
+            for line in stop_workers(plan.workers):
+                _say(line)
             return 0
         if listener is not None and (ours is None or listener.pid != ours.pid):
             why = matching_listener(listener, plan.argv, plan.host)
@@ -181,6 +186,8 @@ def _run(ns: argparse.Namespace, extra: list[str], environ: Mapping[str, str]) -
         _preflight(plan)
         if ours is not None:
             _say(f"pid {ours.pid} {stop(ours, files)}")
+        for line in ensure_workers(plan.workers, ns.restart, ns.wait):
+            _say(line)
         started = start(plan.argv, files, plan.host, ns.wait)
         _say(f"serving at {plan.url} (pid {started.pid}, log {files.log})")
         return 0

@@ -18,6 +18,7 @@ from typing import Any
 
 from kvmem.errors import ConfigError, ModelNotFoundError
 from kvmem.launch.kv_size import MIB, Sizing, file_size, parse_size, read_kv_geometry, size_budget
+from kvmem.launch.workers import RpcRecipe, WorkerPlan, plan_workers, rpc_flag
 from kvmem.memory.ggml_types import parse_kv_type
 
 OVERRIDES = ("MODEL", "MMPROJ", "HOST", "PORT", "API_KEY_FILE")
@@ -42,6 +43,7 @@ class Recipe:
     embedded_model: bool = False
     mtp_args: tuple[str, ...] = ()
     mtp_note: str = ""
+    rpc: RpcRecipe | None = None  # local RPC workers started before the server
 
 
 def recipe_names() -> list[str]:
@@ -80,6 +82,7 @@ def load_recipe(name: str) -> Recipe:
             embedded_model=bool(data.get("embedded_model", False)),
             mtp_args=tuple(mtp.get("args", ())),
             mtp_note=mtp.get("note", ""),
+            rpc=RpcRecipe.from_json(data.get("rpc")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError("recipe", f"recipe {name!r} is malformed: {exc!r}") from None
@@ -110,6 +113,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     overrides: dict[str, str] = field(default_factory=dict)
     unchecked: list[str] = field(default_factory=list)  # a dry run's missing files and checks
+    workers: list[WorkerPlan] = field(default_factory=list)  # the recipe's RPC workers
 
     @property
     def url(self) -> str:
@@ -303,8 +307,15 @@ def build_plan(recipe: Recipe, options: LaunchOptions, environ: Mapping[str, str
     argv += mtp
     if key_file:
         argv += ["--api-key-file", key_file]
-    argv += ["--host", host, "--port", str(port), *options.extra]
+    workers = plan_workers(recipe.rpc, port) if recipe.rpc is not None else []
+    if workers:
+        notes.append(
+            f"RPC: {len(workers)} local kvmem-rpc-worker processes share the layers "
+            "(loopback only: the RPC protocol has no authentication)"
+        )
+    argv += [*rpc_flag(workers), "--host", host, "--port", str(port), *options.extra]
     plan = Plan(recipe.name, argv, host, port, model, mmproj, key_file, sizing, notes, used)
+    plan.workers = workers
     if options.dry_run:
         unchecked += [
             f"{what}: {path} not found"

@@ -41,18 +41,19 @@ def state_dir() -> Path:
 @dataclass(frozen=True, slots=True)
 class ServiceFiles:
     port: int
+    kind: str = "server"  # or "worker": a recipe's RPC worker (launch/workers.py)
 
     @property
     def pidfile(self) -> Path:
-        return state_dir() / f"server-{self.port}.pid"
+        return state_dir() / f"{self.kind}-{self.port}.pid"
 
     @property
     def lockfile(self) -> Path:
-        return state_dir() / f"server-{self.port}.lock"
+        return state_dir() / f"{self.kind}-{self.port}.lock"
 
     @property
     def log(self) -> Path:
-        return state_dir() / f"server-{self.port}.log"
+        return state_dir() / f"{self.kind}-{self.port}.log"
 
 
 @contextmanager

@@ -29,6 +29,7 @@ from kvmem.server.metrics import ServerMetrics
 from kvmem.server.response_store import ResponseStore
 from kvmem.server.responses_api import responses_router
 from kvmem.server.routes import api_router, health_router
+from kvmem.server.rpc_status import RpcWatch
 from kvmem.server.settings import ServerSettings
 from kvmem.server.slot_routes import slot_router
 from kvmem.server.ui_files import ui_directory
@@ -53,6 +54,7 @@ class ServerState:
     # data movement since start: time, bytes and GB/s per transfer path (issue 9's profile)
     transfer: Callable[[], dict[str, dict[str, float | int | None]]] | None = None
     vocab: ChatEngine | None = None  # tokenize/detokenize only (thread-safe vocab reads)
+    rpc: RpcWatch | None = None  # --rpc: the workers and the one lost (server/rpc_status.py)
 
 
 def default_engine_factory(settings: ServerSettings) -> ChatEngine:
@@ -101,6 +103,9 @@ def create_app(
     )
     state = ServerState(settings=settings, worker=worker, metrics=metrics)
     holder["state"] = state
+    if settings.engine.placement.rpc:
+        state.rpc = RpcWatch(settings, worker)
+        state.rpc.install()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

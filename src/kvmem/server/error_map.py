@@ -20,6 +20,7 @@ from kvmem.errors import (
     KVMemError,
     NotFoundError,
     QueueFullError,
+    RpcWorkerLostError,
     ServerShuttingDownError,
     TemplateError,
 )
@@ -52,6 +53,7 @@ _BY_TYPE: tuple[tuple[type[BaseException], HttpError], ...] = (
         ServerShuttingDownError,
         HttpError(503, "unavailable_error", "shutting_down", {"Connection": "close"}),
     ),
+    (RpcWorkerLostError, HttpError(503, "unavailable_error", "rpc_worker_lost")),
     (
         EngineNotReadyError,
         HttpError(503, "unavailable_error", "model_loading", {"Retry-After": RETRY_AFTER_S}),

@@ -34,6 +34,7 @@ from kvmem.server.connection_guard import (
 )
 from kvmem.server.host_check import HostCheck, served_names
 from kvmem.server.log_redact import install_access_log_redaction
+from kvmem.server.rpc_status import exit_if_worker_lost
 from kvmem.server.startup import (
     bind_socket,
     configure_logging,
@@ -163,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         app.state.kvmem.worker.stop()
         for sock in sockets:
             sock.close()
+    exit_if_worker_lost(app.state.kvmem.worker, exit_code[0])  # --rpc: see rpc_status.py
     return exit_code[0]
 
 

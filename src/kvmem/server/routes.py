@@ -13,7 +13,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from kvmem.chat.turn import TurnDone
-from kvmem.errors import EngineNotReadyError, InvalidRequestError, ServerShuttingDownError
+from kvmem.errors import (
+    EngineNotReadyError,
+    InvalidRequestError,
+    RpcWorkerLostError,
+    ServerShuttingDownError,
+)
 from kvmem.server.auth import require_api_key
 from kvmem.server.channel import EventChannel, JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob, prepare_chat_job
@@ -32,6 +37,7 @@ from kvmem.server.responses import (
     merge_choices,
     sse_data,
 )
+from kvmem.server.rpc_status import rpc_body
 from kvmem.server.schemas import parse_chat_request
 from kvmem.server.worker import WorkerState
 
@@ -52,6 +58,8 @@ def _ready_state(request: Request) -> ServerState:
     state = _state(request)
     if state.worker.state is WorkerState.STOPPED:
         raise ServerShuttingDownError("the server is shutting down")
+    if isinstance(state.worker.load_error, RpcWorkerLostError):  # --rpc: a worker went away
+        raise state.worker.load_error
     if state.worker.state is not WorkerState.READY or state.template is None:
         raise EngineNotReadyError(f"the model is not ready ({state.worker.state.value})")
     return state
@@ -60,15 +68,20 @@ def _ready_state(request: Request) -> ServerState:
 @health_router.get("/health")
 @health_router.get("/v1/health")
 async def health(request: Request) -> JSONResponse:
-    worker = _state(request).worker
+    state = _state(request)
+    worker = state.worker
+    rpc = {"rpc": state.rpc.health()} if state.rpc is not None else {}  # --rpc workers
     if worker.state is WorkerState.READY:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", **rpc})
     message = (
         "Loading model" if worker.state is WorkerState.LOADING else f"model {worker.state.value}"
     )
+    if worker.state is WorkerState.LOST:
+        message = str(worker.load_error)
     body = {
         "status": worker.state.value,
         "error": {"message": message, "type": "unavailable_error", "param": None, "code": 503},
+        **rpc,
     }
     return JSONResponse(body, status_code=503)
 
@@ -88,6 +101,8 @@ async def props(request: Request) -> JSONResponse:
     body = props_body(state.settings, state.info, state.template)
     body["kvmem"]["window"] = state.window() if state.window is not None else {}
     body["kvmem"]["transfer"] = state.transfer() if state.transfer is not None else {}
+    if state.rpc is not None:  # --rpc: the workers and which layers live where
+        body["rpc"] = rpc_body(state.settings, state.info)
     return JSONResponse(body)
 
 

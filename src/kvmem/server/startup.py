@@ -20,6 +20,7 @@ from typing import Any
 
 from kvmem.chat.protocol import ModelInfoLike
 from kvmem.server.props import served_model_id
+from kvmem.server.rpc_status import rpc_body
 from kvmem.server.settings import ServerSettings
 
 LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname).1s %(name)s: %(message)s"
@@ -162,4 +163,5 @@ def ready_record(settings: ServerSettings, info: ModelInfoLike, stats: Any) -> d
         "speculative": settings.engine.spec.describe(),
         "slots": settings.parallel,
         "queue_size": settings.queue_size,
+        "rpc": rpc_body(settings, info),  # --rpc: workers and which layers live where
     }

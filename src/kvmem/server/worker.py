@@ -27,6 +27,7 @@ from kvmem.errors import (
     ContextLengthExceededError,
     EngineNotReadyError,
     QueueFullError,
+    RpcWorkerLostError,
     ServerShuttingDownError,
     TurnCancelledError,
 )
@@ -48,6 +49,7 @@ class WorkerState(Enum):
     READY = "ready"
     FAILED = "failed"
     STOPPED = "stopped"
+    LOST = "rpc_worker_lost"  # an RPC worker holding layers went away (mark_lost)
 
 
 @dataclass(slots=True, eq=False)
@@ -112,6 +114,8 @@ class EngineWorker:
         with self._cond:
             if self._stopping:
                 raise ServerShuttingDownError("the server is shutting down")
+            if self.state is WorkerState.LOST and isinstance(self.load_error, RpcWorkerLostError):
+                raise self.load_error
             if self.state is not WorkerState.READY:
                 raise EngineNotReadyError(f"the model is not ready ({self.state.value})")
             capacity = self._queue_size + sum(1 for lane in self._lanes if lane.free)
@@ -143,6 +147,22 @@ class EngineWorker:
             self._metrics.deferred = 0
             self._cond.notify_all()
 
+    def mark_lost(self, error: RpcWorkerLostError) -> None:
+        """An RPC worker went away mid-graph: the running, routed and waiting jobs fail
+        with `error` and later ones are refused. The engine thread that met it stays
+        parked inside llama.cpp (kvmem.engine.rpc), so the engine is never used again."""
+        with self._cond:
+            self.state = WorkerState.LOST
+            self.load_error = error
+            jobs = [lane.current for lane in self._lanes if lane.current is not None]
+            jobs += [lane.assigned[0] for lane in self._lanes if lane.assigned is not None]
+            jobs += list(self._pending)
+            self._pending.clear()
+            self._metrics.deferred = 0
+            for job in jobs:
+                job.channel.put(JobFailed(error))
+            self._cond.notify_all()
+
     def withdraw(self, job: Job) -> None:
         """Take a job whose client went away out of the queue (a no-op once it runs)."""
         with self._cond:
@@ -163,8 +183,8 @@ class EngineWorker:
         a model still loading finishes loading first). Python must not exit while a
         llama.cpp call is in flight."""
         self.cancel_all()
-        if not self._thread.is_alive():
-            return
+        if not self._thread.is_alive() or self.state is WorkerState.LOST:
+            return  # a lost RPC worker's engine thread never comes back
         waited = 0.0
         while self._thread.is_alive():
             self._thread.join(1.0)

@@ -256,3 +256,14 @@ def layer_list(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid layer list: {text!r}") from None
+
+
+def rpc_workers(text: str) -> tuple[Any, ...]:
+    """`--rpc HOST:PORT[,HOST:PORT...]` -> RpcEndpoint records (kvmem.settings.rpc_endpoints)."""
+    from kvmem.errors import ConfigError
+    from kvmem.settings.rpc_endpoints import parse_endpoints
+
+    try:
+        return parse_endpoints(text, flag="")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
