@@ -105,3 +105,17 @@ class TurnCancelledError(KVMemError):
 
 class ServerShuttingDownError(EngineNotReadyError):
     """The server received SIGTERM/SIGINT/SIGHUP: queued and running requests end."""
+
+
+class ClientGoneError(KVMemError):
+    """The client disconnected while sending its body, or while its job waited or ran
+    (answered with nginx's 499, which nobody reads)."""
+
+
+class JobCrashedError(KVMemError):
+    """A job failed on the engine worker with an unexpected exception (`error`); the
+    worker has logged and counted it, so the route only answers its 500."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__("internal server error")
+        self.error = error
