@@ -23,8 +23,8 @@ from kvmem.server.completion_bodies import (
     native_final,
     pick_fields,
 )
-from kvmem.server.completion_job import CompletionDone, CompletionToken
 from kvmem.server.completion_flow import PreparedPrompt, prepare_completion
+from kvmem.server.completion_job import CompletionDone, CompletionToken
 from kvmem.server.completion_schema import CompletionRequest, parse_completion_request
 from kvmem.server.error_map import error_payload
 from kvmem.server.flow import Submitted, read_json, sse_stream, submit

@@ -151,8 +151,10 @@ def sse_stream(submitted: Submitted, fmt: StreamFormat, *, timings: bool = False
                 for line in fmt.lines(event):
                     yield line
         finally:
+            # first, before any await (a cancelled task gets no further): stops the
+            # generation when the stream was cut short; a no-op after the final event
+            submitted.job.cancel.set()
             await events.aclose()
-            submitted.job.cancel.set()  # stops the generation if the stream was cut short
         for line in fmt.tail():
             yield line
 
