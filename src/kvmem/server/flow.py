@@ -7,7 +7,8 @@ slot actions all go the same way:
 2. `submit`: queue the job on the worker (QueueFullError past the bound);
 3. follow it (`Submitted.first`, `Submitted.events`): the client is asked whether it is
    still there at least every `disconnect.DISCONNECT_POLL_S`; one that left has its job
-   cancelled and, while it still waits, withdrawn from the queue at once (`ClientGoneError`);
+   cancelled and, while it still waits, withdrawn from the queue at once
+   (`ClientGoneError`);
 4. answer: collect the events into one body, or stream them (`sse_stream`) in the API's
    own format (`StreamFormat`); a job that fails after the stream began ends it with the
    format's error lines.
@@ -91,8 +92,9 @@ class Submitted:
 
     async def events(self, *, timings: bool = False) -> AsyncIterator[Any]:
         """The events up to the final one (TurnDone, CompletionDone); raises the job's
-        error, or ClientGoneError. JobStarted is left out; TimingsSnapshot too, unless `timings`. The job is
-        cancelled when the iteration ends (a no-op after its final event)."""
+        error, or ClientGoneError. JobStarted is left out, TimingsSnapshot too unless
+        `timings`. The job is cancelled when the iteration ends (a no-op after its final
+        event)."""
         try:
             while True:
                 event = await self.next_event()
