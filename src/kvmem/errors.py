@@ -113,3 +113,17 @@ class RpcUnavailableError(KVMemError):
 
 class RpcWorkerLostError(EngineNotReadyError):
     """An RPC worker holding some of the model's layers went away (the engine cannot go on)."""
+
+
+class ClientGoneError(KVMemError):
+    """The client disconnected while sending its body, or while its job waited or ran
+    (answered with nginx's 499, which nobody reads)."""
+
+
+class JobCrashedError(KVMemError):
+    """A job failed on the engine worker with an unexpected exception (`error`); the
+    worker has logged and counted it, so the route only answers its 500."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__("internal server error")
+        self.error = error

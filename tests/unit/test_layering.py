@@ -281,3 +281,106 @@ def test_settings_import_only_the_standard_library_and_errors() -> None:
             if not stdlib and not ours:
                 bad.append(f"{path.relative_to(SRC)} imports {name}")
     assert bad == []
+
+
+# The server's layers: state <- request flow <- one router per API <- app (issue 27).
+SERVER = "kvmem.server"
+SERVER_FLOW = ("state", "flow", "chat_flow", "completion_flow")
+SERVER_SHARED_FORMATS = ("sse", "error_map")  # SSE framing; the API error envelopes
+SERVER_ROUTERS: dict[str, tuple[str, ...]] = {  # each router and its own formats
+    "info_routes": ("props", "rpc_status", "worker"),
+    "chat_routes": ("chat_bodies", "schemas", "live_timings", "prompt_progress"),
+    "completion_routes": (
+        "completion_bodies",
+        "completion_job",
+        "completion_schema",
+        "live_timings",
+        "prompt_progress",
+    ),
+    "responses_api": ("response_store", "responses_events", "responses_schema"),
+    "anthropic_api": ("anthropic_events", "anthropic_schema"),
+    "slot_routes": ("slot_job",),
+    "utility_routes": ("completion_schema", "prompt_limits", "prompt_tokens", "schemas"),
+}
+
+
+def _package_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of `package` it imports (type-hint imports included)."""
+    root = SRC.joinpath(*package.split("."))
+    modules = {_module_name(p): p for p in _sources(root)}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in _imports(path):
+            while imported and imported not in modules:  # `pkg.mod.Name` -> `pkg.mod`
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_cycle_finder_sees_a_circle_through_type_hints() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kvmem.server.app import S\n"
+    )
+    assert "kvmem.server.app.S" in _imports_in_source(source, "kvmem.server.flow", False)
+
+
+def test_server_has_no_import_circle() -> None:
+    assert _cycles(_package_graph(SERVER)) == []
+
+
+def test_each_server_router_imports_only_the_state_the_flow_and_its_formats() -> None:
+    graph = _package_graph(SERVER)
+    routers = {f"{SERVER}.{name}" for name in SERVER_ROUTERS}
+    assert routers <= set(graph), sorted(routers - set(graph))
+    bad = []
+    for name, formats in SERVER_ROUTERS.items():
+        allowed = {f"{SERVER}.{m}" for m in (*SERVER_FLOW, *SERVER_SHARED_FORMATS, *formats)}
+        bad += [f"{name} imports {m}" for m in sorted(graph[f"{SERVER}.{name}"] - allowed)]
+    assert bad == []
+
+
+def test_only_the_app_imports_the_routers_and_the_flow_imports_no_router() -> None:
+    graph = _package_graph(SERVER)
+    routers = {f"{SERVER}.{name}" for name in SERVER_ROUTERS}
+    importers = {m for m, targets in graph.items() if targets & routers}
+    assert importers <= {f"{SERVER}.app"}, sorted(importers)
+    state_and_flow = {f"{SERVER}.{m}" for m in SERVER_FLOW}
+    assert all(not (graph[m] & {f"{SERVER}.app"}) for m in state_and_flow)

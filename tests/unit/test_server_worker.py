@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kvmem.chat.prompt import RenderedPrompt
-from kvmem.chat.turn import ChatFinish, TurnDone
+from kvmem.chat.turn import ChatFinish, TextDelta, TurnDone
 from kvmem.errors import (
     EngineNotReadyError,
     ModelLoadError,
@@ -82,7 +82,7 @@ def test_queue_bound_and_cancelled_waiting_job_is_skipped() -> None:
     worker.stop()
 
 
-def test_cancel_all_stops_the_running_generation() -> None:
+def test_cancel_all_stops_the_running_generation_with_the_shutting_down_error() -> None:
     engine = FakeEngine(replies=lambda prompt: "y" * 1000, token_delay_s=0.005)
     worker = ready_worker(engine)
     running = job()
@@ -90,9 +90,13 @@ def test_cancel_all_stops_the_running_generation() -> None:
     assert engine.started.wait(5)
     worker.cancel_all()
     assert running.channel.done.wait(5)  # type: ignore[attr-defined]
-    done = running.channel.items[-1]  # type: ignore[attr-defined]
-    assert isinstance(done, TurnDone) and done.finish_reason is ChatFinish.CANCELLED
-    assert done.usage.completion_tokens < 1000
+    items = running.channel.items  # type: ignore[attr-defined]
+    # a stream cut short by the shutdown ends with a terminal error event (issue 28)
+    assert isinstance(items[-1], JobFailed)
+    assert type(items[-1].error) is ServerShuttingDownError
+    assert not any(isinstance(item, TurnDone) for item in items)
+    texts = [item for item in items if isinstance(item, TextDelta)]
+    assert len(texts) < 1000  # stopped at the next token, not at the end
     with pytest.raises(EngineNotReadyError):
         worker.submit(job())
     worker.stop()

@@ -1,6 +1,6 @@
 """`POST /v1/messages` and `POST /v1/messages/count_tokens`: the Anthropic Messages API.
 
-A message runs as one chat turn on the KVMem session (server/api_turn.py), as chat
+A message runs as one chat turn on the KVMem session (server/chat_flow.py), as chat
 completions do. Authentication takes `x-api-key` (what Anthropic clients send) or a
 Bearer token. Every error on these routes, the authentication error included, uses
 Anthropic's envelope `{"type": "error", "error": {"type", "message"}}`: the route class
@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
@@ -25,10 +25,10 @@ from kvmem.server.anthropic_schema import (
     parse_count_request,
     parse_messages_request,
 )
-from kvmem.server.api_stream import client_left, collect, event_stream, read_json
-from kvmem.server.api_turn import ClientGone, count_tokens, start_turn
-from kvmem.server.auth import require_api_key
+from kvmem.server.chat_flow import NamedEvents, collect, count_chat_tokens, event_stream, start_chat
 from kvmem.server.error_map import anthropic_payload, anthropic_response
+from kvmem.server.flow import read_json
+from kvmem.server.state import ready_state
 
 logger = logging.getLogger(__name__)
 
@@ -50,28 +50,22 @@ class AnthropicRoute(APIRoute):
         return route
 
 
-anthropic_router = APIRouter(route_class=AnthropicRoute, dependencies=[Depends(require_api_key)])
+anthropic_router = APIRouter(route_class=AnthropicRoute)
 
 
 @anthropic_router.post("/v1/messages")
 async def messages(request: Request) -> Response:
-    try:
-        r = parse_messages_request(await read_json(request))
-        turn = await start_turn(request, chat_request(r))
-    except ClientGone:
-        return client_left()
+    r = parse_messages_request(await read_json(request))
+    turn = await start_chat(request, ready_state(request), chat_request(r))
     builder = MessageBuilder(turn.model, turn.prompt_tokens)
     if r.stream:
-        return event_stream(turn, builder, lambda exc: anthropic_payload(exc)[1])
-    if not await collect(turn, builder):
-        return client_left()
+        return event_stream(turn, NamedEvents(builder, lambda e: anthropic_payload(e)[1]))
+    await collect(turn, builder)
     return JSONResponse(builder.message())
 
 
 @anthropic_router.post("/v1/messages/count_tokens")
 async def count(request: Request) -> Response:
-    try:
-        r = parse_count_request(await read_json(request))
-    except ClientGone:
-        return client_left()
-    return JSONResponse({"input_tokens": await count_tokens(request, chat_request(r))})
+    r = parse_count_request(await read_json(request))
+    count = await count_chat_tokens(ready_state(request), chat_request(r))
+    return JSONResponse({"input_tokens": count})

@@ -10,28 +10,29 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 from anyio import to_thread
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from kvmem.chat.protocol import ChatEngine, ModelInfoLike
+from kvmem.chat.protocol import ChatEngine
 from kvmem.chat.template import ChatTemplate
 from kvmem.server.anthropic_api import anthropic_router
-from kvmem.server.auth import ApiKeyChecker
+from kvmem.server.auth import ApiKeyChecker, require_api_key
 from kvmem.server.body_guard import BodyGuard
+from kvmem.server.chat_routes import chat_router
 from kvmem.server.completion_routes import completion_router
 from kvmem.server.cors import Cors
 from kvmem.server.error_map import install_error_handlers
 from kvmem.server.header_case import HeaderCase
+from kvmem.server.info_routes import health_router, info_router
 from kvmem.server.metrics import ServerMetrics
 from kvmem.server.response_store import ResponseStore
 from kvmem.server.responses_api import responses_router
-from kvmem.server.routes import api_router, health_router
 from kvmem.server.rpc_status import RpcWatch
 from kvmem.server.settings import ServerSettings
 from kvmem.server.slot_routes import slot_router
+from kvmem.server.state import ServerState
 from kvmem.server.ui_files import ui_directory
 from kvmem.server.utility_routes import utility_router
 from kvmem.server.worker import EngineWorker
@@ -39,22 +40,6 @@ from kvmem.server.worker import EngineWorker
 logger = logging.getLogger(__name__)
 
 EngineFactory = Callable[[ServerSettings], ChatEngine]
-
-
-@dataclass(slots=True)
-class ServerState:
-    """What the routes share (app.state.kvmem)."""
-
-    settings: ServerSettings
-    worker: EngineWorker
-    metrics: ServerMetrics
-    template: ChatTemplate | None = None
-    info: ModelInfoLike | None = None
-    window: Callable[[], dict[str, list[int]]] | None = None  # the last plan's blocks by tier
-    # data movement since start: time, bytes and GB/s per transfer path (issue 9's profile)
-    transfer: Callable[[], dict[str, dict[str, float | int | None]]] | None = None
-    vocab: ChatEngine | None = None  # tokenize/detokenize only (thread-safe vocab reads)
-    rpc: RpcWatch | None = None  # --rpc: the workers and the one lost (server/rpc_status.py)
 
 
 def default_engine_factory(settings: ServerSettings) -> ChatEngine:
@@ -138,13 +123,18 @@ def create_app(
     app.add_middleware(Cors, limits=limits)  # OPTIONS answered before auth and routing
     app.add_middleware(HeaderCase)  # outermost: llama-server's Access-Control-* casing
     install_error_handlers(app)
-    app.include_router(health_router)
-    app.include_router(api_router)
-    app.include_router(completion_router)
-    app.include_router(utility_router)
-    app.include_router(responses_router)  # the Responses and Anthropic Messages APIs
-    app.include_router(anthropic_router)
-    app.include_router(slot_router)
+    app.include_router(health_router)  # public
+    keyed = [Depends(require_api_key)]  # the Anthropic routes answer its 401 in their envelope
+    for router in (
+        info_router,
+        chat_router,
+        completion_router,
+        utility_router,
+        responses_router,
+        anthropic_router,
+        slot_router,
+    ):
+        app.include_router(router, dependencies=keyed)
     ui = ui_directory(settings)
     if ui is not None:
         app.mount("/", StaticFiles(directory=str(ui), html=True), name="ui")

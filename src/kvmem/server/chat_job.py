@@ -19,7 +19,7 @@ from kvmem.chat.prompt import PromptTokens, RenderedPrompt, render_prompt
 from kvmem.chat.reasoning import ReasoningMarkers
 from kvmem.chat.schema_check import check_grammar_text
 from kvmem.chat.template import ChatTemplate
-from kvmem.chat.thinking import resolve_thinking
+from kvmem.chat.thinking import ThinkingPlan, resolve_thinking
 from kvmem.chat.tool_calls import ToolFormat
 from kvmem.chat.tool_grammar import tool_call_grammar
 from kvmem.chat.turn import TurnRequest
@@ -136,14 +136,24 @@ def _grammar(
     return json_schema_grammar(fmt.json_schema.schema_)
 
 
-def prepare_chat_job(
+@dataclass(slots=True)
+class RenderedChat:
+    """A chat request rendered through the template: the prompt, its thinking plan and the
+    tools it offers (none with tool_choice "none")."""
+
+    prompt: RenderedPrompt
+    thinking: ThinkingPlan
+    tools: list[dict[str, Any]]
+
+
+def render_chat(
     request: ChatCompletionRequest,
     settings: ServerSettings,
     template: ChatTemplate,
-    channel: EventChannel,
-) -> ChatJob:
-    """Validate and render; raises InvalidRequestError/TemplateError for a bad request."""
-    images = ImageCollector(settings.media_path) if settings.mmproj else None
+    images: ImageCollector | None = None,
+) -> RenderedChat:
+    """Validate the messages and render them (the chat route, /apply-template and the
+    input_tokens routes); raises InvalidRequestError/TemplateError for a bad request."""
     messages = normalize_messages(request.messages, vision=images is not None, images=images)
     plan = resolve_thinking(
         settings.thinking,
@@ -166,6 +176,19 @@ def prepare_chat_job(
         add_generation_prompt=prefill.add_generation_prompt,
         prefill=prefill.text,
     )
+    return RenderedChat(rendered, plan, tools)
+
+
+def prepare_chat_job(
+    request: ChatCompletionRequest,
+    settings: ServerSettings,
+    template: ChatTemplate,
+    channel: EventChannel,
+) -> ChatJob:
+    """Validate and render; raises InvalidRequestError/TemplateError for a bad request."""
+    images = ImageCollector(settings.media_path) if settings.mmproj else None
+    chat = render_chat(request, settings, template, images)
+    rendered, plan, tools = chat.prompt, chat.thinking, chat.tools
     if images is not None and images.images:
         rendered.images, rendered.image_marker = tuple(images.images), images.marker
     if settings.reasoning_format == "none":  # thinking stays in the content, tags included

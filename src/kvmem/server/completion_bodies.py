@@ -10,9 +10,9 @@ from typing import Any
 
 from kvmem.chat.protocol import ChatEngine
 from kvmem.sampling import SamplingParams
+from kvmem.server.chat_bodies import timings_body, usage_body
 from kvmem.server.completion_job import CompletionDone, CompletionToken, StopType, TokenProb
 from kvmem.server.props import system_fingerprint
-from kvmem.server.responses import timings_body, usage_body
 
 
 def _piece(vocab: ChatEngine, token: int) -> tuple[str, list[int]]:

@@ -14,9 +14,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvmem.errors import (
     AuthenticationError,
+    ClientGoneError,
     ContextLengthExceededError,
     EngineNotReadyError,
     InvalidRequestError,
+    JobCrashedError,
     KVMemError,
     NotFoundError,
     QueueFullError,
@@ -45,6 +47,7 @@ _BY_TYPE: tuple[tuple[type[BaseException], HttpError], ...] = (
         HttpError(400, "exceed_context_size_error", "context_length_exceeded"),
     ),
     (InvalidRequestError, HttpError(400, "invalid_request_error", "invalid_request")),
+    (ClientGoneError, HttpError(499, "invalid_request_error", "client_closed_request")),
     (TemplateError, HttpError(400, "invalid_request_error", "template_error")),
     (NotFoundError, HttpError(404, "invalid_request_error", "not_found")),
     (AuthenticationError, HttpError(401, "authentication_error", "invalid_api_key")),
@@ -61,6 +64,8 @@ _BY_TYPE: tuple[tuple[type[BaseException], HttpError], ...] = (
     (KVMemError, HttpError(500, "server_error", "internal_error")),
 )
 _INTERNAL = HttpError(500, "server_error", "internal_error")
+# 5xx errors that are no server fault, or that the engine worker has logged already
+_LOGGED_ELSEWHERE = (QueueFullError, EngineNotReadyError, JobCrashedError)
 
 
 def classify(exc: BaseException) -> HttpError:
@@ -89,7 +94,7 @@ def error_payload(exc: BaseException) -> tuple[HttpError, dict[str, Any]]:
 
 def error_response(exc: BaseException) -> JSONResponse:
     error, body = error_payload(exc)
-    if error.status >= 500 and not isinstance(exc, (QueueFullError, EngineNotReadyError)):
+    if error.status >= 500 and not isinstance(exc, _LOGGED_ELSEWHERE):
         logger.error("request failed: %s: %s", type(exc).__name__, exc)
     return JSONResponse(body, status_code=error.status, headers=error.headers)
 
@@ -150,6 +155,6 @@ def anthropic_error_type(status: int) -> str:
 
 def anthropic_response(exc: BaseException) -> JSONResponse:
     error, body = anthropic_payload(exc)
-    if error.status >= 500 and not isinstance(exc, (QueueFullError, EngineNotReadyError)):
+    if error.status >= 500 and not isinstance(exc, _LOGGED_ELSEWHERE):
         logger.error("request failed: %s: %s", type(exc).__name__, exc)
     return JSONResponse(body, status_code=error.status, headers=error.headers)

@@ -4,9 +4,9 @@ Order: configuration and files are validated (exit 2 on a bad flag or variable, 
 missing model), the `KVMEM_STARTUP requested=` record is written, the port is bound (a
 failure names the address and exits 1), then uvicorn starts and the model loads in the
 engine thread; `KVMEM_STARTUP ready=` follows once it has loaded. SIGINT, SIGTERM and
-SIGHUP cancel the running generation (a prefill stops at its next chunk), answer queued
-requests with 503, let the streams end with a final chunk and [DONE], wait for the engine
-thread to leave llama.cpp and close the engine, and exit 0.
+SIGHUP cancel the running generation (a prefill stops at its next chunk, a decode at its
+next token), answer queued requests with 503, end the streams with a `shutting_down` error
+event, wait for the engine thread to leave llama.cpp and close the engine, and exit 0.
 """
 
 from __future__ import annotations

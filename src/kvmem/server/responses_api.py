@@ -1,6 +1,6 @@
 """`POST /v1/responses` (OpenAI Responses API), `GET`/`DELETE /v1/responses/{id}`.
 
-A response runs as one chat turn on the KVMem session (server/api_turn.py): the same
+A response runs as one chat turn on the KVMem session (server/chat_flow.py): the same
 validation, template, tool grammars, reasoning split and prefix reuse as chat
 completions. `previous_response_id` continues the conversation the server kept for that
 response (server/response_store.py); its KV is usually still resident, so the continuation
@@ -12,15 +12,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from kvmem.chat.response_items import assistant_message
 from kvmem.errors import NotFoundError
-from kvmem.server.api_stream import client_left, collect, event_stream, read_json
-from kvmem.server.api_turn import ClientGone, start_turn
-from kvmem.server.auth import require_api_key
+from kvmem.server.chat_flow import NamedEvents, collect, event_stream, start_chat
 from kvmem.server.error_map import error_payload
+from kvmem.server.flow import read_json
 from kvmem.server.response_store import ResponseStore
 from kvmem.server.responses_events import ResponseBuilder
 from kvmem.server.responses_schema import (
@@ -29,10 +28,11 @@ from kvmem.server.responses_schema import (
     parse_responses_request,
     request_messages,
 )
+from kvmem.server.state import ready_state
 
 logger = logging.getLogger(__name__)
 
-responses_router = APIRouter(dependencies=[Depends(require_api_key)])
+responses_router = APIRouter()
 
 
 def _store(request: Request) -> ResponseStore:
@@ -76,22 +76,18 @@ def _keep(
 @responses_router.post("/responses")
 async def create_response(request: Request) -> Response:
     store = _store(request)
-    try:
-        r = parse_responses_request(await read_json(request))
-        conversation = request_messages(r, _previous(store, r))
-        turn = await start_turn(request, chat_request(r, conversation))
-    except ClientGone:
-        return client_left()
+    r = parse_responses_request(await read_json(request))
+    conversation = request_messages(r, _previous(store, r))
+    turn = await start_chat(request, ready_state(request), chat_request(r, conversation))
     builder = ResponseBuilder(turn.model, _echo(r))
     if r.stream:
-        return event_stream(
-            turn,
+        fmt = NamedEvents(
             builder,
             lambda exc: _error_event(builder, exc),
             lambda: _keep(store, r, builder, conversation),
         )
-    if not await collect(turn, builder):
-        return client_left()
+        return event_stream(turn, fmt)
+    await collect(turn, builder)
     _keep(store, r, builder, conversation)
     return JSONResponse(builder.response())
 

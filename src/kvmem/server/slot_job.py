@@ -6,6 +6,7 @@ request, as llama-server defers it while the slot is busy) and yields one `SlotD
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import dataclass, field
 from enum import Enum
@@ -43,3 +44,8 @@ class SlotJob:
             yield SlotDone(restore_slot(engine, self.path))
         else:
             yield SlotDone(erase_slot(engine))
+
+
+def new_slot_job(action: SlotAction, path: Path | None) -> SlotJob:
+    """A slot job answering on the running event loop (called from a route)."""
+    return SlotJob(action, path, EventChannel(asyncio.get_running_loop()))

@@ -9,25 +9,19 @@ and `timings.save_ms`, `n_restored`/`n_read` and `timings.restore_ms`, `n_erased
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
 
-from kvmem.errors import InvalidRequestError
-from kvmem.server.auth import require_api_key
-from kvmem.server.channel import EventChannel, JobFailed
+from kvmem.errors import InvalidRequestError, JobCrashedError
 from kvmem.server.error_map import envelope, error_response
-from kvmem.server.json_body import parse_json_body
-from kvmem.server.routes import _ready_state
-from kvmem.server.slot_job import SlotAction, SlotDone, SlotJob
+from kvmem.server.flow import read_json, submit
+from kvmem.server.slot_job import SlotAction, SlotDone, new_slot_job
+from kvmem.server.state import ready_state
 
-if TYPE_CHECKING:
-    from kvmem.server.app import ServerState
-
-slot_router = APIRouter(dependencies=[Depends(require_api_key)])
+slot_router = APIRouter()
 
 _MAX_NAME = 255
 
@@ -54,18 +48,9 @@ def _invalid(message: str) -> JSONResponse:
     return envelope(400, message, "invalid_request_error")
 
 
-async def _run(state: ServerState, job: SlotJob) -> SlotDone:
-    state.worker.submit(job)
-    event = await job.channel.get()
-    if isinstance(event, JobFailed):
-        raise event.error
-    assert isinstance(event, SlotDone)
-    return event
-
-
 @slot_router.post("/slots/{id_slot}")
-async def slot_action(request: Request, id_slot: str) -> JSONResponse:
-    state = _ready_state(request)
+async def slot_action(request: Request, id_slot: str) -> Response:
+    state = ready_state(request)
     directory = state.settings.slot_save_path
     if directory is None:
         return envelope(
@@ -86,18 +71,22 @@ async def slot_action(request: Request, id_slot: str) -> JSONResponse:
     path = None
     filename = None
     if action is not SlotAction.ERASE:
-        body = parse_json_body(await request.body())
+        body = await read_json(request)
         if not isinstance(body, dict) or "filename" not in body:
             return _invalid("'filename' is required")
         filename = body["filename"]
         path = slot_file(directory, filename)
-    job = SlotJob(action, path, EventChannel(asyncio.get_running_loop()))
     try:
-        result = (await _run(state, job)).result
+        done = await submit(request, state, new_slot_job(action, path)).first()
     except InvalidRequestError as exc:
         return error_response(exc)
-    except OSError as exc:
-        return envelope(500, f"Unable to save slot: {exc.strerror or exc}", "server_error")
+    except JobCrashedError as exc:
+        if not isinstance(exc.error, OSError):
+            raise
+        reason = exc.error.strerror or exc.error
+        return envelope(500, f"Unable to save slot: {reason}", "server_error")
+    assert isinstance(done, SlotDone)
+    result = done.result
     if action is SlotAction.SAVE:
         body_out = {"id_slot": 0, "filename": filename, "n_saved": result.n_tokens,
                     "n_written": result.n_bytes, "timings": {"save_ms": result.ms}}  # fmt: skip

@@ -8,46 +8,34 @@ generation slot.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from kvmem.chat.messages import normalize_messages
-from kvmem.chat.prefill import plan_prefill
-from kvmem.chat.prompt import RenderedPrompt, render_prompt, tokenize_prompt
-from kvmem.chat.thinking import resolve_thinking
 from kvmem.errors import InvalidRequestError
-from kvmem.server.auth import require_api_key
-from kvmem.server.completion_routes import tokenize_parts
+from kvmem.server.chat_flow import prompt_token_count, rendered_chat
 from kvmem.server.completion_schema import prompt_parts
 from kvmem.server.error_map import envelope
-from kvmem.server.json_body import parse_json_body
-from kvmem.server.prompt_limits import (
-    check_id_count,
-    check_parts_size,
-    check_prompt_size,
-    message_chars,
-)
-from kvmem.server.routes import _ready_state
+from kvmem.server.flow import read_json
+from kvmem.server.prompt_limits import check_id_count, check_parts_size
+from kvmem.server.prompt_tokens import check_ids, plain_tokens, tokenize_parts
 from kvmem.server.schemas import parse_chat_request
+from kvmem.server.state import ServerState, ready_state
 
-if TYPE_CHECKING:
-    from kvmem.server.app import ServerState
-
-utility_router = APIRouter(dependencies=[Depends(require_api_key)])
+utility_router = APIRouter()
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    body = parse_json_body(await request.body())
+    body = await read_json(request)
     if not isinstance(body, dict):
         raise InvalidRequestError("the request body must be a JSON object")
     return body
 
 
 def _state(request: Request) -> ServerState:
-    state = _ready_state(request)
+    state = ready_state(request)
     assert state.vocab is not None and state.template is not None and state.info is not None
     return state
 
@@ -79,11 +67,11 @@ def _tokenize(state: ServerState, body: dict[str, Any]) -> dict[str, Any]:
     if len(parts) != 1:
         raise InvalidRequestError("'content' must be one prompt", "content")
     check_parts_size(parts[0], info)
-    _check_ids(parts[0], info.n_vocab, "content")
+    check_ids(parts[0], info.n_vocab, "content")
     if isinstance(content, str) and not parse_special:
         tokens = vocab.tokenize(content, add_special=add_special, parse_special=False)
     else:
-        tokens = tokenize_parts(vocab, parts[0]) if add_special else _plain(vocab, parts[0])
+        tokens = tokenize_parts(vocab, parts[0]) if add_special else plain_tokens(vocab, parts[0])
     if not with_pieces:
         return {"tokens": tokens}
     out = []
@@ -95,27 +83,6 @@ def _tokenize(state: ServerState, body: dict[str, Any]) -> dict[str, Any]:
             piece = list(data)
         out.append({"id": token, "piece": piece})
     return {"tokens": out}
-
-
-def _check_ids(parts: list[Any], n_vocab: int, param: str) -> None:
-    for part in parts:
-        if isinstance(part, str):
-            continue
-        bad = [t for t in part if not 0 <= t < n_vocab]
-        if bad:
-            raise InvalidRequestError(
-                f"token id {bad[0]} is out of range (vocabulary of {n_vocab})", param
-            )
-
-
-def _plain(vocab: Any, parts: list[Any]) -> list[int]:
-    tokens: list[int] = []
-    for part in parts:
-        if isinstance(part, str):
-            tokens += vocab.tokenize(part, add_special=False, parse_special=True)
-        else:
-            tokens += part
-    return tokens
 
 
 @utility_router.post("/detokenize")
@@ -141,47 +108,15 @@ def _detokenize(state: ServerState, tokens: list[int]) -> str:
     return b"".join(vocab.token_bytes(t) for t in tokens).decode("utf-8", "replace")
 
 
-def _rendered(
-    state: ServerState, body: dict[str, Any], add_generation_prompt: bool | None
-) -> RenderedPrompt:
-    chat = parse_chat_request(body)
-    assert state.template is not None and state.info is not None
-    check_prompt_size(message_chars(chat.messages), state.info)  # the chat route's checks
-    messages = normalize_messages(chat.messages, vision=False)
-    plan = resolve_thinking(
-        state.settings.thinking,
-        reasoning_effort=chat.reasoning_effort,
-        chat_template_kwargs=chat.chat_template_kwargs,
-        reasoning_budget_tokens=chat.reasoning_budget_tokens,
-    )
-    tools = chat.tool_dicts if chat.tool_choice != "none" else []
-    prefill = plan_prefill(
-        chat.messages,
-        messages,
-        add_generation_prompt=add_generation_prompt,
-        continue_final_message=chat.continue_final_message,
-    )
-    rendered = render_prompt(
-        state.template,
-        prefill.messages,
-        tools=tools or None,
-        template_kwargs=plan.template_kwargs,
-        add_generation_prompt=prefill.add_generation_prompt,
-        prefill=prefill.text,
-    )
-    check_prompt_size(len(rendered.text), state.info)
-    return rendered
-
-
-def _render(state: ServerState, body: dict[str, Any], add_generation_prompt: bool | None) -> str:
-    return _rendered(state, body, add_generation_prompt).text
+def _render(state: ServerState, body: dict[str, Any]) -> str:
+    return rendered_chat(state, parse_chat_request(body)).text
 
 
 @utility_router.post("/apply-template")
 async def apply_template(request: Request) -> JSONResponse:
     body = await _body(request)
     state = _state(request)
-    prompt = await run_in_threadpool(_render, state, body, body.get("add_generation_prompt"))
+    prompt = await run_in_threadpool(_render, state, body)
     return JSONResponse({"prompt": prompt})
 
 
@@ -194,9 +129,7 @@ async def chat_input_tokens(request: Request) -> JSONResponse:
 
 
 def _input_tokens(state: ServerState, body: dict[str, Any]) -> int:
-    rendered = _rendered(state, body, body.get("add_generation_prompt"))
-    assert state.vocab is not None
-    return len(tokenize_prompt(state.vocab, rendered).tokens)  # the template's markup is special
+    return prompt_token_count(state, rendered_chat(state, parse_chat_request(body)))
 
 
 @utility_router.get("/slots")

@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from kvmem.chat.prompt import PromptTokens, tokenize_prompt
 from kvmem.chat.protocol import ChatEngine
-from kvmem.chat.turn import TurnDone, run_turn
+from kvmem.chat.turn import ChatFinish, TurnDone, run_turn
 from kvmem.errors import (
     ContextLengthExceededError,
     EngineNotReadyError,
@@ -33,7 +34,7 @@ from kvmem.errors import (
 )
 from kvmem.server.channel import JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob
-from kvmem.server.completion_job import CompletionDone, CompletionJob, CompletionToken
+from kvmem.server.completion_job import CompletionDone, CompletionJob, CompletionToken, StopType
 from kvmem.server.error_map import classify
 from kvmem.server.live_timings import TimingsSnapshot
 from kvmem.server.metrics import ServerMetrics
@@ -317,7 +318,7 @@ class EngineWorker:
                         self._metrics.record_turn(event.usage)
                     elif probe is not None and isinstance(event, CompletionToken):
                         job.channel.put(TimingsSnapshot(probe.timings()))
-                    job.channel.put(event)
+                    job.channel.put(self._ending(event))
                 return
             prompt = routed if routed is not None else tokenize_prompt(engine, job.rendered)
             n_ctx = engine.info.n_ctx
@@ -332,7 +333,7 @@ class EngineWorker:
                     _log_turn(event)
                 elif probe is not None:
                     job.channel.put(TimingsSnapshot(probe.timings()))
-                job.channel.put(event)
+                job.channel.put(self._ending(event))
         except TurnCancelledError:
             logger.info("the prompt's processing was cancelled")
             error = (
@@ -351,6 +352,17 @@ class EngineWorker:
         finally:
             self._set_processing(-1)
             self._metrics.set_engine_stats((self._stats_source or engine).stats)
+
+    def _ending(self, event: Any) -> Any:
+        """`event`, except that a generation cut short by shutdown ends with the
+        shutting-down error (streams get a terminal error event, not a finished turn)."""
+        cut = (isinstance(event, TurnDone) and event.finish_reason is ChatFinish.CANCELLED) or (
+            isinstance(event, CompletionDone) and event.stop_type is StopType.NONE
+        )
+        if cut and self._stopping:
+            logger.info("the generation was stopped by the shutdown")
+            return JobFailed(ServerShuttingDownError("the server is shutting down"))
+        return event
 
 
 def _log_turn(done: TurnDone) -> None:

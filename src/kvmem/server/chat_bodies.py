@@ -9,7 +9,6 @@ with empty `choices`, then `data: [DONE]`.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from kvmem.chat.turn import (
     TurnUsage,
 )
 from kvmem.server.props import system_fingerprint
+from kvmem.server.sse import sse_data
 
 
 def finish_name(finish: ChatFinish) -> str:
@@ -238,10 +238,3 @@ def merge_choices(bodies: list[dict[str, Any]]) -> dict[str, Any]:
         usage[key] = sum(b["usage"][key] for b in bodies)
     out["usage"] = usage
     return out
-
-
-def sse_data(body: dict[str, Any]) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-
-SSE_DONE = "data: [DONE]\n\n"
