@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kvmem.config import KVMemConfig
-from kvmem.engine import TurnStats
+from kvmem.engine.trace import TurnStats
 
 from .helpers import filler_tokens, make_engine
 

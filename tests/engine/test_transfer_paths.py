@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from kvmem.config import KVMemConfig
-from kvmem.engine import TurnStats
-from kvmem.engine.host_staging import StagingBuffer
-from kvmem.engine.llama_lib import host_buffer_allocator
-from kvmem.engine.state_codec import kv_part_nbytes
-from kvmem.engine.transfer_profile import TransferPath
+from kvmem.engine.llama.host_staging import StagingBuffer
+from kvmem.engine.llama.llama_lib import host_buffer_allocator
+from kvmem.engine.trace import TurnStats
+from kvmem.engine.transfer.state_codec import kv_part_nbytes
+from kvmem.engine.transfer.transfer_profile import TransferPath
 
 from .helpers import filler_tokens, make_engine
 
@@ -127,7 +127,7 @@ def test_threaded_copies_are_bit_identical(smollm2_path):
     on several threads, give the logits of a never-evicted context, for f16 and q8_0."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from kvmem.engine.block_buffers import BlockBuffers
+    from kvmem.engine.transfer.block_buffers import BlockBuffers
 
     for cache in ("f16", "q8_0"):
         engine = make_engine(

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from kvmem.engine import GpuPlacement
+from kvmem.engine.settings import GpuPlacement
 from kvmem.errors import ConfigError
 
 _DEVICE = re.compile(r"^[A-Za-z][A-Za-z_-]*?(\d+)$")

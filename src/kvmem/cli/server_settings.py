@@ -9,7 +9,7 @@ from enum import Enum
 from kvmem.chat.thinking import ThinkingDefaults
 from kvmem.cli.api_keys import ApiKeys
 from kvmem.cli.limit_flags import ServerLimits
-from kvmem.engine import EngineSettings
+from kvmem.engine.settings import EngineSettings
 from kvmem.sampling import SamplingParams
 
 DEFAULT_HOST = "127.0.0.1"

@@ -16,6 +16,7 @@ import numpy as np
 
 from kvmem.config import QuerySource
 from kvmem.errors import ConfigError, InvalidRequestError
+from kvmem.gguf.model_path import resolve_model_path
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.rope import k_rotation_size
@@ -23,25 +24,24 @@ from kvmem.memory.spans import PromptSpans
 from kvmem.memory.tiered_store import MIB
 from kvmem.sampling import SamplingParams
 
-from .background_index import BackgroundIndex
-from .context import ContextSettings, LlamaContext
-from .conversation_disk import ConversationDisk
-from .conversations import ConversationPool
-from .llama_lib import ggml_base
-from .media import VisionProjector
-from .model import LlamaModel, ModelInfo
-from .model_path import resolve_model_path
-from .mtp_draft import MtpDrafter
-from .query_capture import QueryCapture, capture_staging
-from .sampler import Sampler
-from .scoring_context import ScoringContext
-from .session import KVMemSession
-from .session_persist import SessionPersister, open_tiered_store, store_fingerprint
+from .llama.context import ContextSettings, LlamaContext
+from .llama.llama_lib import ggml_base
+from .llama.model import LlamaModel, ModelInfo
+from .llama.sampler import Sampler
+from .media.media import VisionProjector
+from .persist.conversation_disk import ConversationDisk
+from .persist.conversations import ConversationPool
+from .persist.session_persist import SessionPersister, open_tiered_store, store_fingerprint
+from .query.background_index import BackgroundIndex
+from .query.query_capture import QueryCapture, capture_staging
+from .query.scoring_context import ScoringContext
+from .session.session import KVMemSession
+from .session.window import TokenSpan
 from .settings import EngineSettings
-from .spec_decode import spec_decoder
+from .spec.mtp_draft import MtpDrafter
+from .spec.spec_decode import spec_decoder
 from .trace import EngineStats, Tracer, TurnStats
-from .transfer_profile import PathTiming, TransferPath
-from .window import TokenSpan
+from .transfer.transfer_profile import PathTiming, TransferPath
 
 logger = logging.getLogger(__name__)
 
