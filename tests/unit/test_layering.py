@@ -269,3 +269,135 @@ def test_cli_does_not_import_the_server() -> None:
             if _within(name, "kvmem.server")
         )
     assert bad == []
+
+
+# circles other helpers remove (issue 27): the server's routers (item 3) and two bench pairs
+PENDING_CIRCLES = (
+    (
+        "kvmem.server.anthropic_api",
+        "kvmem.server.api_stream",
+        "kvmem.server.api_turn",
+        "kvmem.server.app",
+        "kvmem.server.completion_routes",
+        "kvmem.server.responses_api",
+        "kvmem.server.routes",
+        "kvmem.server.slot_routes",
+        "kvmem.server.utility_routes",
+    ),
+    ("kvmem.bench.needle_agent", "kvmem.bench.needle_data"),
+    ("kvmem.bench.heatmap", "kvmem.bench.needle"),
+)
+WALLED_FROM_SESSION = ("kvmem.engine.transfer", "kvmem.engine.hybrid", "kvmem.engine.query")
+# the CLI's engine imports still to go: the settings records (settings-decl moves them out
+# of the engine) and kvmem-cli's runner, which loads a model
+CLI_ENGINE_PENDING = {"kvmem.cli.chat_runner": "kvmem.engine.engine"}
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """kvmem's modules and the kvmem modules each imports (type-hint imports included;
+    `from pkg import name` counts as the module `pkg.name` when there is one)."""
+    paths = {_module_name(p): p for p in _sources(PACKAGE)}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        deps = set()
+        for name in _imports(path):
+            while name and name not in paths:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                deps.add(name)
+        graph[module] = deps
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[tuple[str, ...]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                part = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    part.append(member)
+                    if member == node:
+                        break
+                if len(part) > 1:
+                    found.append(tuple(sorted(part)))
+    return sorted(found)
+
+
+def test_circle_finder_sees_a_circle_through_type_hints() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _circles(graph) == [("a", "b", "c")]
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .session import S\n"
+    names = _imports_in_source(source, "kvmem.engine.spec.spec_decode", is_package=False)
+    assert "kvmem.engine.spec.session" in names
+
+
+def test_no_import_circle_in_any_package() -> None:
+    circles = _circles(_module_graph())
+    assert [c for c in circles if c not in PENDING_CIRCLES] == []
+
+
+def test_transfer_hybrid_and_query_never_reach_the_session() -> None:
+    graph = _module_graph()
+    bad = []
+    for module in sorted(graph):
+        if not any(_within(module, walled) for walled in WALLED_FROM_SESSION):
+            continue
+        seen, todo = {module}, [module]
+        while todo:  # everything it loads, directly or through others
+            for dep in graph[todo.pop()]:
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        bad.extend(
+            f"{module} reaches {m}" for m in sorted(seen) if _within(m, "kvmem.engine.session")
+        )
+    assert bad == []
+
+
+def test_cli_imports_no_engine() -> None:
+    bad = []
+    for path in _sources(PACKAGE / "cli"):
+        module = _module_name(path)
+        for name in _imports(path):
+            if not _within(name, "kvmem.engine") or _within(name, "kvmem.engine.settings"):
+                continue  # the settings records: settings-decl moves them out of the engine
+            pending = CLI_ENGINE_PENDING.get(module)
+            if pending is None or not _within(name, pending):
+                bad.append(f"{module} imports {name}")
+    assert bad == []
+
+
+def test_engine_package_exports_nothing_and_loads_nothing() -> None:
+    """No lazy loader: `kvmem.engine` is a docstring, so importing a record module of it
+    loads no llama_cpp and no other engine module."""
+    init = PACKAGE / "engine" / "__init__.py"
+    tree = ast.parse(init.read_text(encoding="utf-8"))
+    assert [type(node).__name__ for node in tree.body] == ["Expr"]

@@ -14,7 +14,6 @@ from dataclasses import replace
 import llama_cpp
 import numpy as np
 
-from kvmem.config import QuerySource
 from kvmem.errors import ConfigError, InvalidRequestError
 from kvmem.gguf.model_path import resolve_model_path
 from kvmem.memory.planner import RetrievalMethod
@@ -24,7 +23,7 @@ from kvmem.memory.spans import PromptSpans
 from kvmem.memory.tiered_store import MIB
 from kvmem.sampling import SamplingParams
 
-from .llama.context import ContextSettings, LlamaContext
+from .build import SessionParts, build_contexts, build_session
 from .llama.llama_lib import ggml_base
 from .llama.model import LlamaModel, ModelInfo
 from .llama.sampler import Sampler
@@ -39,7 +38,6 @@ from .session.session import KVMemSession
 from .session.window import TokenSpan
 from .settings import EngineSettings
 from .spec.mtp_draft import MtpDrafter
-from .spec.spec_decode import spec_decoder
 from .trace import EngineStats, Tracer, TurnStats
 from .transfer.transfer_profile import PathTiming, TransferPath
 
@@ -82,61 +80,19 @@ class Engine:
         self.key_geometry: KeyGeometry | None = None
         index, capture = self._retrieval_parts()
         self._capture = capture
-        ctx_settings = ContextSettings(
-            n_cells=cells,
-            n_batch=settings.n_batch,
-            n_ubatch=settings.n_ubatch,
-            n_threads=settings.n_threads,
-            n_threads_batch=settings.n_threads_batch,
-            flash_attn=settings.flash_attn,
-            type_k=settings.cache_types.k,
-            type_v=settings.cache_types.v,
-            offload_kqv=settings.offload_kqv,
+        contexts = build_contexts(self.model, settings, cells, capture)
+        self.ctx = contexts.ctx
+        self._main_capture = contexts.main_capture
+        self.scoring: ScoringContext | None = contexts.scoring
+        self.vision: VisionProjector | None = contexts.vision
+        self.mtp: MtpDrafter | None = contexts.mtp
+        self._parts = SessionParts(
+            contexts, kv, n_ctx, self.tracer, self.is_eog, settings.staging_bytes, settings.spec
         )
-        # the main context's callback: the capture's, unless a scoring context reads the query
-        scored_apart = capture is not None and kv.query_source is QuerySource.SCORING
-        main_capture = None if scored_apart else capture
-        self.ctx = LlamaContext(
-            self.model,
-            ctx_settings,
-            main_capture.callback if main_capture else None,
-            main_capture.user_data if main_capture else None,
-        )
-        self._main_capture = main_capture
-        self.scoring: ScoringContext | None = None
-        if scored_apart:
-            assert capture is not None
-            sink = kv.sink_blocks * kv.block_tokens
-            self.scoring = ScoringContext(
-                self.model, ctx_settings, capture, sink, kv.query_max_tokens
-            )
-        self.vision: VisionProjector | None = None
-        if settings.vision is not None:
-            self.vision = VisionProjector(self.model, settings.vision)
-            self.ctx.vision = self.vision  # decodes the image rows of a prompt
-            if self.scoring is not None:  # a query span may hold image rows too
-                self.scoring.ctx.vision = self.vision
-        self.mtp: MtpDrafter | None = None  # --spec-type draft-mtp: the draft context
-        if settings.spec.wants_mtp:
-            self.mtp = MtpDrafter(
-                self.ctx, settings.spec.kv_type, settings.spec.n_max, settings.n_threads
-            )
         store = self.disk_store  # (a TieredStore is falsy while empty: compare with None)
         if self.conv_disk is not None:
             store = self.conv_disk.open_store(0)
-        self.session = KVMemSession(
-            self.ctx,
-            kv,
-            n_ctx,
-            index,
-            main_capture,
-            self.tracer,
-            self.is_eog,
-            store=store,
-            staging_bytes=settings.staging_bytes,
-            spec=spec_decoder(settings.spec, self.mtp),
-            scoring=self.scoring,
-        )
+        self.session = build_session(self._parts, index, store)
         if self.disk_store is not None:
             self._load_stored_session(index)
         self.pool: ConversationPool | None = None
@@ -186,19 +142,7 @@ class Engine:
             workers = max(1, min(4, (os.cpu_count() or 2) // 4))
             index = BackgroundIndex(self.key_geometry, layers, workers)
         store = self.conv_disk.open_store(slot) if self.conv_disk is not None else None
-        return KVMemSession(
-            self.ctx,
-            kv,
-            self.info.n_ctx,
-            index,
-            self._main_capture,
-            self.tracer,
-            self.is_eog,
-            store,
-            staging_bytes=self.settings.staging_bytes,
-            spec=spec_decoder(self.settings.spec, self.mtp),
-            scoring=self.scoring,
-        )
+        return build_session(self._parts, index, store)
 
     def _fingerprint(self, index: RetrievalIndex | None) -> dict[str, str]:
         geometry = self.key_geometry

@@ -26,7 +26,7 @@ import numpy as np
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.spans import TokenSpan
 
-from ..session.window import BlockScores
+from .block_scores import BlockScores
 
 logger = logging.getLogger(__name__)
 

@@ -42,6 +42,7 @@ from ..spec.spec_decode import SpecDecoder
 from ..trace import FinishReason, TraceKind, Tracer, TurnStats
 from ..transfer.kv_transfer import KVTransfer
 from ..transfer.transfer_profile import TransferPath
+from .spec_target import SpecTarget
 from .window import BlockScores, GpuWindow, StreamAt
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class KVMemSession:
         self._cancel: threading.Event | None = None
         self.ssm = ReplaySSM(ctx) if ctx.model.is_hybrid else None  # recurrent snapshots
         self.spec = spec
+        self.spec_target = SpecTarget(ctx, n_ctx, self.table, self.window, config.enabled)
 
     def _chunk_size(self, capacity: int) -> int:
         """Prefill chunk: a multiple (or, for a small batch, a divisor) of the block size
@@ -183,7 +185,14 @@ class KVMemSession:
                 if self.spec is not None:
                     left = -1 if max_tokens < 0 else max_tokens - stats.generated_tokens
                     queue = self.spec.step(
-                        self, sampler, token, stats, gen_start, left, logits_out, self._is_eog
+                        self.spec_target,
+                        sampler,
+                        token,
+                        stats,
+                        gen_start,
+                        left,
+                        logits_out,
+                        self._is_eog,
                     )
                 else:
                     self._decode([token], stats, gen_start=gen_start)

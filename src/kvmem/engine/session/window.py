@@ -49,24 +49,13 @@ from kvmem.memory.spans import PromptSpans, TokenSpan
 
 from ..llama.batch_rows import MAIN_SEQ
 from ..llama.context import LlamaContext
+from ..query.block_scores import BlockScores
 from ..trace import TraceKind, Tracer, TurnStats
 from ..transfer.kv_transfer import KVTransfer
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Applied", "BlockScores", "GpuWindow", "Reselection", "StreamAt", "TokenSpan"]
-
-
-@dataclass(frozen=True, slots=True)
-class BlockScores:
-    """The scores of one plan's candidates for one query."""
-
-    ranked: tuple[int, ...]  # the candidates, as `candidates` ranks them
-    values: dict[int, float]  # block id -> estimated attention mass
-    score_ms: float  # the scoring itself
-    index_ms: float  # waiting for the block summaries still being computed
-    wait_ms: float  # what the turn waited for them: all of it, or the wait for the result
-    ahead_at: int = -1  # computed beside the prefill, from this history length; -1: not
 
 
 _UNSCORED = BlockScores((), {}, 0.0, 0.0, 0.0)  # a plan that ranked nothing by score

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,11 +30,9 @@ from ..llama.host_staging import StagingBuffer
 from ..llama.llama_lib import pinned_staging
 from ..llama.sampler import Sampler
 from ..trace import TurnStats
+from .decode_target import DecodeTarget
 from .draft_gate import DraftGate
 from .speculative import verify_draft
-
-if TYPE_CHECKING:
-    from ..session.session import KVMemSession
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +67,7 @@ class SpecDecoder:
 
     def step(
         self,
-        session: KVMemSession,
+        target: DecodeTarget,
         sampler: Sampler,
         token: int,
         stats: TurnStats,
@@ -81,26 +78,25 @@ class SpecDecoder:
     ) -> list[int]:
         """One verification step from `token`; `left`: tokens the turn may still emit
         (-1: no limit). Returns the emitted tokens (see the module doc)."""
-        table, window = session.table, session.window
-        pos = table.n_tokens
+        pos = target.n_tokens
         n = self.config.n_max
         if left >= 0:
             n = min(n, left - 1)  # the accepted drafts and the bonus token fit max_tokens
-        n = max(0, min(n, session.n_ctx - pos - 2, session.ctx.n_batch - 1))
-        if session.config.enabled:
-            # room for the token as plain decoding makes it (the same spill at the same
-            # token), then drafts only in the reserve's free cells: every token sees the
-            # window it would see without drafts
-            window.ensure_room(1, stats, gen_start)
-            n = max(0, min(n, window.capacity - window.cells_used() - 1))
+        n = max(0, min(n, target.n_ctx - pos - 2, target.ctx.n_batch - 1))
+        # room for the token as plain decoding makes it (the same spill at the same
+        # token), then drafts only in the reserve's free cells: every token sees the
+        # window it would see without drafts
+        room = target.draft_room(stats, gen_start)
+        if room is not None:
+            n = max(0, min(n, room))
         draft: Sequence[int] = []
         t0 = time.perf_counter()
         if n > 0 and (self.gate is None or self.gate.wants_draft()):
-            history = np.append(table.token_array(), token)  # [n_tokens + 1]
+            history = np.append(target.history(), token)  # [n_tokens + 1]
             draft = self.drafter(history, n)[:n]
-        window.note_decode()
+        target.note_decode()
         result = verify_draft(
-            session.ctx,
+            target.ctx,
             sampler,
             pos,
             token,
@@ -109,7 +105,7 @@ class SpecDecoder:
             rows_out=logits_out,
             staging=self._staging,
         )
-        window.append([token, *draft[: result.n_accepted]], stats)
+        target.accept([token, *draft[: result.n_accepted]], stats)
         if n > 0 and self.gate is not None:
             self.gate.record(bool(draft), time.perf_counter() - t0, len(result.tokens))
         stats.draft_n += result.n_drafted
