@@ -46,6 +46,8 @@ class ReplaySSMStats:
 class ReplaySSM:
     """Recurrent snapshots of the main sequence of a hybrid session (see the module doc)."""
 
+    active = True  # the session's recurrent hook (recurrent_hook.py)
+
     def __init__(self, ctx: LlamaContext, max_snapshots: int = MAX_SNAPSHOTS) -> None:
         self.ctx = ctx
         self.checkpoints = RecurrentCheckpoints(max_snapshots)
