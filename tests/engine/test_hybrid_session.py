@@ -100,7 +100,7 @@ def test_round_trip_of_attention_blocks_keeps_logits_and_recurrent_state(
         before = read_recurrent(a.ctx)
         a.session.window.evict([1, 3])
         assert read_recurrent(a.ctx).same_as(before)
-        a.session.window.restore_own([1, 3], a.session.last_turn)
+        a.session.last_turn.add(a.session.window.restore_own([1, 3]))
         assert read_recurrent(a.ctx).same_as(before)  # the staging blob carried seq 0's
         longer = prompt + tokens(40, seed=3)
         rows_a: list[np.ndarray] = []

@@ -39,7 +39,7 @@ def _logits_after(engine, prompt, token, staging) -> tuple[np.ndarray, int]:
     session.window.evict([1, 2, 3])
     session.transfer.profile.clear()
     stats = TurnStats()
-    session.window.restore({3: 384, 1: 128, 2: 256}, stats)
+    stats.add(session.window.restore({3: 384, 1: 128, 2: 256}))
     assert stats.stage_in_blocks == 3
     session.ctx.decode([token], len(prompt), [True])
     return session.ctx.logits(-1), session.transfer.profile.paths[TransferPath.STATE_SET].calls
@@ -85,7 +85,7 @@ def test_a_restore_uses_the_blobs_built_ahead_only_for_exactly_its_blocks(smollm
             assert transfer.prepare(prepared)
             transfer.profile.clear()
             stats = TurnStats()
-            session.window.restore({1: 128, 2: 256, 3: 384}, stats)
+            stats.add(session.window.restore({1: 128, 2: 256, 3: 384}))
             assert (stats.stage_in_blocks, stats.built_ahead_blocks) == (3, built_ahead)
             assert paths[TransferPath.STATE_BUILD].calls == builds
             assert paths[TransferPath.STATE_BUILD_AHEAD].calls == built_ahead
@@ -164,7 +164,7 @@ def test_blocks_whose_copy_out_is_pending_can_be_evicted_and_restored(smollm2_pa
         assert result.block_ids == (1, 2, 3) and transfer._pending_ids == {1, 2, 3}
         session.window.evict([1, 2, 3])
         stats = TurnStats()
-        session.window.restore({1: 128, 2: 256, 3: 384}, stats)
+        stats.add(session.window.restore({1: 128, 2: 256, 3: 384}))
         assert not transfer._pending and stats.stage_in_blocks == 3
         session.ctx.decode([token], len(prompt), [True])
         assert np.array_equal(session.ctx.logits(-1), reference)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..session.session import KVMemSession
-from ..trace import TraceKind, Tracer, TurnStats
+from ..trace import TraceKind, Tracer
 from .conversation_disk import ConversationDisk
 from .session_persist import SessionPersister, initial_window
 
@@ -211,7 +211,7 @@ class ConversationPool:
         restored = 0
         n = s.table.n_complete_blocks
         if n:
-            restored = s.window.restore_own(initial_window(s.config, n), TurnStats())
+            restored = s.window.restore_own(initial_window(s.config, n)).stage_in_blocks
         s.window.last_plan = None
         s.window.note_peak()
         self.active = conv

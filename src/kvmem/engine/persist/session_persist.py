@@ -46,7 +46,7 @@ from kvmem.memory.tiered_store import MIB, TieredStore, read_block_file
 
 from ..llama.model import ModelInfo
 from ..session.session import KVMemSession
-from ..trace import TraceKind, Tracer, TurnStats
+from ..trace import TraceKind, Tracer
 from ..transfer.state_codec import LayerLayout, StateLayout
 
 logger = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ class SessionPersister:
                     self.store.mark_summary_saved(b, v)
             if missing:
                 s.index.add_blocks(missing)
-        s.window.restore_own(initial_window(s.config, n_ok), TurnStats())
+        s.window.restore_own(initial_window(s.config, n_ok))
         s.window.note_peak()
         return n_ok
 

@@ -75,6 +75,6 @@ def begin_ahead(
         ranked,
         score,
         parts.table,
-        lambda: window.flush(stats),
+        lambda: stats.add(window.flush()),
         lambda scores: window.prepare_restore(request, scores, stream),
     )

@@ -68,7 +68,7 @@ class ChunkRunner:
         return got
 
     def record(self, chunk: Sequence[int], stats: TurnStats) -> None:
-        self.window.append(chunk, stats)
+        stats.add(self.window.append(chunk))
         self.recurrent.after_decode(self.table.n_tokens)
 
 
@@ -91,7 +91,7 @@ def decode_tokens(
         if gen_start is None:
             runner.check_cancel()
         if runner.bounded:
-            runner.window.ensure_room(len(chunk), stats, gen_start)
+            stats.add(runner.window.ensure_room(len(chunk), gen_start))
         runner.window.note_decode()
         runner.run(chunk, pos, want_all_logits, c0 + len(chunk) == len(tokens), arm=False)
         if want_all_logits:

@@ -39,7 +39,7 @@ def prefill_chunks(
         runner.check_cancel()
         if runner.bounded:
             room = window.capacity - grid.chunk_tokens
-            window.stream_to(pos, spans, room, grid.stream_grid, stats)
+            stats.add(window.stream_to(pos, spans, room, grid.stream_grid))
         window.note_decode()
         live = [s for s in capture if pos < s.end and pos + len(chunk) > s.start]
         t_decode = time.perf_counter()

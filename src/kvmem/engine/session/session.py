@@ -353,10 +353,10 @@ class KVMemSession:
         stats: TurnStats,
         scored: BlockScores | None = None,
     ) -> None:
-        self.window.flush(stats)  # the plan reads the index: every complete block in it
+        stats.add(self.window.flush())  # the plan reads the index: every complete block in it
         pending = n - self.table.n_tokens  # the deferred tail
         res = self.window.plan(spans, qvec, n, self.forced(), pending, scored)
-        self.window.apply(res, stats)
+        stats.add(self.window.apply(res).moves)
         if res.replay_from is not None:
             self.frontier = self._replay(res.replay_from, stats)
         elif not res.plan.fits:
@@ -373,7 +373,7 @@ class KVMemSession:
         t0 = time.perf_counter()
         start = self.ssm.rewind_to(start)
         tokens = list(self.table.tokens[start:])
-        self.window.truncate(start, stats, keep_window=True)
+        stats.add(self.window.truncate(start, keep_window=True).moves)
         self.rows.truncate(start)  # the tail's rows from here see the new window
         decode_tokens(self.runner, tokens, stats)
         stats.replayed_tokens += len(tokens)
@@ -383,9 +383,10 @@ class KVMemSession:
     def _truncate(self, n_keep: int, stats: TurnStats) -> None:
         """Forget history from `n_keep` on (a divergence, or the frontier)."""
         stats.truncated_tokens += self.table.n_tokens - n_keep
-        dropped = self.window.truncate(n_keep, stats, keep_window=False)
+        cut = self.window.truncate(n_keep, keep_window=False)
+        stats.add(cut.moves)
         self.rows.truncate(n_keep)
-        self.tracer.emit(TraceKind.TRUNCATE, keep=n_keep, dropped_blocks=dropped)
+        self.tracer.emit(TraceKind.TRUNCATE, keep=n_keep, dropped_blocks=cut.dropped)
 
     # the turn's end --------------------------------------------------------------------
     def _finish(
@@ -403,7 +404,7 @@ class KVMemSession:
             self.frontier = min(n_prompt, self.table.n_tokens)
 
     def _end_turn(self, stats: TurnStats, finish: FinishReason) -> None:
-        self.window.flush(stats)  # the turn's blocks are in the store when it ends
+        stats.add(self.window.flush())  # the turn's blocks are in the store when it ends
         stats.finish_reason = finish.value
         self.last_turn = stats
         cells, host_blocks = self.window.cells_used(), len(self.store)

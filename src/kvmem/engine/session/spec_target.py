@@ -33,11 +33,11 @@ class SpecTarget:
     def draft_room(self, stats: TurnStats, gen_start: int) -> int | None:
         if not self.bounded:
             return None
-        self.window.ensure_room(1, stats, gen_start)
+        stats.add(self.window.ensure_room(1, gen_start))
         return self.window.capacity - self.window.cells_used() - 1
 
     def note_decode(self) -> None:
         self.window.note_decode()
 
     def accept(self, tokens: list[int], stats: TurnStats) -> None:
-        self.window.append(tokens, stats)
+        stats.add(self.window.append(tokens))

@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvmem.config import KVMemConfig, QueryReplay
 from kvmem.errors import KVTransferError
@@ -50,7 +50,7 @@ from kvmem.memory.spans import PromptSpans, TokenSpan
 from ..llama.batch_rows import MAIN_SEQ
 from ..llama.context import LlamaContext
 from ..query.block_scores import BlockScores
-from ..trace import TraceKind, Tracer, TurnStats
+from ..trace import Moves, TraceKind, Tracer
 from ..transfer.kv_transfer import KVTransfer
 
 logger = logging.getLogger(__name__)
@@ -99,6 +99,13 @@ class Applied:
     restore_ms: float = 0.0
     evict_ms: float = 0.0  # the evictions (restaged blocks too)
     move_ms: float = 0.0  # the shifts of resident blocks
+    moves: Moves = field(default_factory=Moves)  # for the turn's stats
+
+
+@dataclass(frozen=True, slots=True)
+class Truncated:
+    dropped: tuple[int, ...]  # the blocks whose host copies went
+    moves: Moves  # the flush before the cut, the moved blocks' evictions, the partial block
 
 
 class GpuWindow:
@@ -164,61 +171,66 @@ class GpuWindow:
         )
 
     # residency writes ------------------------------------------------------------------
-    def append(self, tokens: Sequence[int], stats: TurnStats) -> None:
+    def append(self, tokens: Sequence[int]) -> Moves:
         """Tokens were decoded at the end of the history: record them; harvest the blocks
         waiting once they reach `--kvmem-harvest-tokens`."""
         done = self.table.append(tokens)
         self.table.mark_on_gpu(done)
+        moves = Moves()
         if self.config.enabled and done:
             self.waiting += done
             if len(self.waiting) * self.table.block_tokens >= self.config.harvest_tokens:
-                self.harvest(stats)
+                moves = self.harvest()
         self.note_peak()
+        return moves
 
-    def harvest(self, stats: TurnStats | None = None) -> None:
+    def harvest(self) -> Moves:
         """Copy the complete blocks waiting on the GPU to the host store, in one state read
-        (their copy-out may still run: `flush` waits for it); counted in `stats`."""
+        (their copy-out may still run: `flush` waits for it)."""
         if not self.waiting:
-            return
+            return Moves()
         res = self.transfer.harvest(self.waiting)
         self.waiting = []
         self.table.mark_in_host(res.block_ids)
-        if stats is not None:
-            stats.harvested_blocks += res.blocks
-            stats.harvested_bytes += res.bytes
-            stats.harvest_ms += res.ms
+        return Moves(harvested_blocks=res.blocks, harvested_bytes=res.bytes, harvest_ms=res.ms)
 
-    def flush(self, stats: TurnStats | None = None) -> None:
+    def flush(self) -> Moves:
         """Every complete block in the host store and the index: those waiting harvested,
         the copy-outs landed."""
-        self.harvest(stats)
+        moves = self.harvest()
         self.transfer.flush()
+        return moves
 
-    def evict(self, block_ids: Sequence[int], stats: TurnStats | None = None) -> None:
-        """Remove blocks from the GPU (harvesting first, when one of them still waits)."""
+    def evict(self, block_ids: Sequence[int]) -> Moves:
+        """Remove blocks from the GPU (harvesting first, when one of them still waits);
+        the evictions themselves are counted by the caller's plan."""
         if not block_ids:
-            return
+            return Moves()
+        moves = Moves()
         if self.waiting and not set(block_ids).isdisjoint(self.waiting):
-            self.harvest(stats)
+            moves = self.harvest()
         self.transfer.evict({b: self.start(b) for b in block_ids})
         for b in block_ids:
             self.moved.pop(b, None)
         self.table.mark_off_gpu(block_ids)
+        return moves
 
-    def restore(self, starts: dict[int, int], stats: TurnStats) -> None:
+    def restore(self, starts: dict[int, int]) -> Moves:
         """Copy host blocks in at `starts` (block id -> first position)."""
         if not starts:
-            return
+            return Moves()
         res = self.transfer.restore(sorted(starts), starts)
         bt = self.table.block_tokens
         for b in res.block_ids:
             if starts[b] != b * bt:
                 self.moved[b] = starts[b]
         self.table.mark_on_gpu(res.block_ids)
-        stats.stage_in_blocks += res.blocks
-        stats.stage_in_bytes += res.bytes
-        stats.restore_ms += res.ms
-        stats.built_ahead_blocks += res.built_ahead
+        return Moves(
+            stage_in_blocks=res.blocks,
+            stage_in_bytes=res.bytes,
+            restore_ms=res.ms,
+            built_ahead_blocks=res.built_ahead,
+        )
 
     def reset(self) -> None:
         """The context was cleared: no block is on the GPU any more."""
@@ -233,17 +245,14 @@ class GpuWindow:
         self.table.append(tokens)
         self.table.mark_in_host(host_blocks)
 
-    def restore_own(self, block_ids: Sequence[int], stats: TurnStats) -> int:
-        """Copy host blocks in at their own positions; returns how many came in."""
+    def restore_own(self, block_ids: Sequence[int]) -> Moves:
+        """Copy host blocks in at their own positions (those not on the GPU already)."""
         bt = self.table.block_tokens
         wanted = [b for b in block_ids if not self.table.is_on_gpu(b)]
-        self.restore({b: b * bt for b in wanted}, stats)
-        return len(wanted)
+        return self.restore({b: b * bt for b in wanted})
 
     # prefill ---------------------------------------------------------------------------
-    def stream_to(
-        self, position: int, spans: PromptSpans, room: int, grid: int, stats: TurnStats
-    ) -> None:
+    def stream_to(self, position: int, spans: PromptSpans, room: int, grid: int) -> Moves:
         """Make the GPU hold the window a prefill chunk starting at `position` sees: the
         stream window of the start of its chunk on the absolute `grid` (a multiple of the
         block size), plus the tokens from there to `position`, all at their own positions.
@@ -256,12 +265,13 @@ class GpuWindow:
         gpu = set(self.table.gpu_blocks())
         done = self.table.n_complete_blocks
         out = sorted(b for b in gpu if b < done and (b not in keep or b in self.moved))
-        self.evict(out, stats)
+        moves = self.evict(out)
         missing = sorted(b for b in keep if not self.table.is_on_gpu(b))
         if out or missing:
             self.tracer.emit(TraceKind.STREAM, at=position, evict=out, stage_in=missing)
-        self.restore_own(missing, stats)
-        stats.evicted_blocks += len(out)
+        moves += self.restore_own(missing)
+        moves.evicted_blocks += len(out)
+        return moves
 
     def _stream_keep(self, position: int, spans: PromptSpans, room: int, grid: int) -> set[int]:
         """The blocks before its chunk that a prefill chunk at `position` sees."""
@@ -275,26 +285,27 @@ class GpuWindow:
         self._groups = tuple(groups)
 
     # room for decodes that are not prefill (replay, generation) ---------------------------
-    def ensure_room(self, n_tokens: int, stats: TurnStats, gen_start: int | None = None) -> None:
+    def ensure_room(self, n_tokens: int, gen_start: int | None = None) -> Moves:
         """Evict host-backed blocks until `n_tokens` more cells fit in the capacity: this
         generation's oldest blocks first (the ring spill), then retrieved blocks."""
         need = self.cells_used() + n_tokens - self.capacity
         if need <= 0:
-            return
+            return Moves()
         t = self.table
         residency = Residency(t.gpu_blocks(), t.n_tokens, t.n_complete_blocks, t.block_tokens)
         n_blocks = math.ceil(need / t.block_tokens)
         room = plan_room(residency, n_blocks, gen_start, self.last_plan, self._groups)
-        stats.spilled_blocks += len(room.spilled)
-        stats.evicted_blocks += len(room.evicted)
         if len(room.victims) < n_blocks:
             raise KVTransferError(
                 f"cannot free {need} KV cells: the window holds no evictable block "
                 f"(capacity {self.capacity}, used {self.cells_used()})"
             )
-        self.evict(list(room.victims), stats)
+        moves = self.evict(list(room.victims))
+        moves.spilled_blocks += len(room.spilled)
+        moves.evicted_blocks += len(room.evicted)
         kind = TraceKind.SPILL if gen_start is not None else TraceKind.EVICT
         self.tracer.emit(kind, blocks=sorted(room.victims), cells=self.cells_used())
+        return moves
 
     # reselection -----------------------------------------------------------------------
     def request(
@@ -421,14 +432,14 @@ class GpuWindow:
         start = max(live, n_prompt - self.config.query_pin_tokens, run, 1)
         return start if start < n_prompt else None
 
-    def apply(self, res: Reselection, stats: TurnStats) -> Applied:
+    def apply(self, res: Reselection) -> Applied:
         """Evict, move and restore exactly what the plan says; record the new residency."""
         t0 = time.perf_counter()
         plan, starts, bt = res.plan, res.starts, self.table.block_tokens
         # a block already moved is restored afresh rather than shifted a second time
         restage = [b for b in plan.keep if b in self.moved and self.moved[b] != starts[b]]
-        self.harvest(stats)  # a move shifts the cells a harvest reads at their own positions
-        self.evict(list(plan.evict) + restage, stats)
+        moves = self.harvest()  # a move shifts the cells a harvest reads at their own positions
+        moves += self.evict(list(plan.evict) + restage)
         resident = {b: self.start(b) for b in plan.keep if b not in restage}
         t_move = time.perf_counter()
         moved = self.transfer.move(resident, starts)
@@ -436,25 +447,25 @@ class GpuWindow:
             if starts[b] != b * bt:
                 self.moved[b] = starts[b]
         t_restore = time.perf_counter()
-        before = stats.stage_in_blocks, stats.stage_in_bytes, stats.restore_ms
-        ahead = stats.built_ahead_blocks
-        self.restore({b: starts[b] for b in sorted(set(plan.stage_in) | set(restage))}, stats)
-        applied = Applied(
-            stage_in=stats.stage_in_blocks - before[0],
-            built_ahead=stats.built_ahead_blocks - ahead,
-            bytes_in=stats.stage_in_bytes - before[1],
-            evicted=len(plan.evict),
-            moved=moved,
-            restore_ms=stats.restore_ms - before[2],
-            evict_ms=(t_move - t0) * 1e3,
-            move_ms=(t_restore - t_move) * 1e3,
-        )
-        stats.evicted_blocks += applied.evicted
-        stats.score_ms += res.scores.score_ms + res.scores.index_ms
+        restored = self.restore({b: starts[b] for b in sorted(set(plan.stage_in) | set(restage))})
+        moves += restored
+        moves.evicted_blocks += len(plan.evict)
+        moves.score_ms += res.scores.score_ms + res.scores.index_ms
         self.last_plan = plan
         self.note_peak()
         ms = (time.perf_counter() - t0) * 1e3 + res.scores.wait_ms  # what the turn waited for
-        stats.reselect_ms += ms
+        moves.reselect_ms += ms
+        applied = Applied(
+            stage_in=restored.stage_in_blocks,
+            built_ahead=restored.built_ahead_blocks,
+            bytes_in=restored.stage_in_bytes,
+            evicted=len(plan.evict),
+            moved=moved,
+            restore_ms=restored.restore_ms,
+            evict_ms=(t_move - t0) * 1e3,
+            move_ms=(t_restore - t_move) * 1e3,
+            moves=moves,
+        )
         self._trace(res, applied, ms)
         return applied
 
@@ -486,22 +497,22 @@ class GpuWindow:
             self.tracer.emit(TraceKind.TIER_DROP, tier=tier.value, blocks=blocks)
 
     # truncation ------------------------------------------------------------------------
-    def truncate(self, n_keep: int, stats: TurnStats, *, keep_window: bool) -> tuple[int, ...]:
+    def truncate(self, n_keep: int, *, keep_window: bool) -> Truncated:
         """Forget history from `n_keep` on; returns the blocks whose host copies went.
 
         Unless `keep_window` (a replay of the tail run, which every moved block precedes),
         moved blocks leave the GPU first: their cells may sit at or after `n_keep`. A block
         left partial by the cut is on the GPU at its own positions afterwards."""
         bt = self.table.block_tokens
-        self.flush(stats)  # the cut drops host copies: none may still be on its way
+        moves = self.flush()  # the cut drops host copies: none may still be on its way
         if keep_window:
             if any(p + bt > n_keep or (b + 1) * bt > n_keep for b, p in self.moved.items()):
                 raise KVTransferError(f"a moved block holds cells at or after {n_keep}")
         else:
-            self.evict(sorted(self.moved), stats)
+            moves += self.evict(sorted(self.moved))
         cut = n_keep // bt
         if n_keep % bt and cut < self.table.n_complete_blocks and not self.table.is_on_gpu(cut):
-            self.restore({cut: cut * bt}, stats)
+            moves += self.restore({cut: cut * bt})
         self.ctx.seq_rm(MAIN_SEQ, n_keep, -1)
         result = self.table.truncate(n_keep)
         self.transfer.store.drop(result.dropped_blocks)
@@ -510,7 +521,7 @@ class GpuWindow:
         if not keep_window:
             self.last_plan = None
         self._seen = {b: p for b, p in self._seen.items() if b < cut}
-        return result.dropped_blocks
+        return Truncated(tuple(result.dropped_blocks), moves)
 
     def resident_tiers(self) -> dict[str, list[int]]:
         """The last plan's blocks per tier (for /props)."""
