@@ -22,6 +22,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> str:
-    from kvmem.engine import default_model_path
+    from kvmem.gguf.model_path import default_model_path
 
     return default_model_path()

@@ -25,7 +25,7 @@ START_TIMEOUT_S = 60.0
 
 
 def require_rpc() -> None:
-    from kvmem.engine.rpc import NO_RPC_MESSAGE, rpc_library
+    from kvmem.engine.llama.rpc import NO_RPC_MESSAGE, rpc_library
 
     if rpc_library().available:
         return

@@ -16,8 +16,8 @@ from kvmem.bench.main import build_parser
 from kvmem.bench.synth_cli import shape_from_args
 from kvmem.bench.synth_hybrid import QWEN35_27B, QWEN35_TINY, Qwen35Shape
 from kvmem.bench.synth_model import WeightType, iter_shapes_summary, tensor_specs
-from kvmem.engine.llama_lib import init_backend
-from kvmem.engine.model import LlamaModel
+from kvmem.engine.llama.llama_lib import init_backend
+from kvmem.engine.llama.model import LlamaModel
 from kvmem.errors import ConfigError
 from tests.engine.hybrid_models import write_tiny_hybrid
 

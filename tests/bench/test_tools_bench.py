@@ -243,7 +243,7 @@ def test_default_chars_per_token_fits_the_smollm2_tokenizer() -> None:
     """The default sizing lands the tool results within 4% of their token share."""
     import llama_cpp
 
-    from kvmem.engine import default_model_path
+    from kvmem.gguf.model_path import default_model_path
 
     plan = ToolsPlan(rounds=11, target_tokens=120000, gen_tokens=256)
     model = llama_cpp.Llama(str(default_model_path()), vocab_only=True, verbose=False)

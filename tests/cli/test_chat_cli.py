@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kvmem.cli import chat_cli
-from kvmem.engine import model as model_module
+from kvmem.engine.llama import model as model_module
 
 
 @pytest.fixture

@@ -67,7 +67,7 @@ def fetch_suite(cache: Path) -> Path:
 
 def smollm2_path() -> str:
     sys.path.insert(0, str(HERE.parent.parent / "src"))
-    from kvmem.engine.model_path import default_model_path
+    from kvmem.gguf.model_path import default_model_path
 
     return str(default_model_path())
 

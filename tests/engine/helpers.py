@@ -5,7 +5,8 @@ from __future__ import annotations
 import io
 
 from kvmem.config import KVCacheTypes, KVMemConfig
-from kvmem.engine import Engine, EngineSettings
+from kvmem.engine.engine import Engine
+from kvmem.engine.settings import EngineSettings
 from kvmem.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)

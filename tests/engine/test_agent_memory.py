@@ -12,7 +12,7 @@ import pytest
 from kvmem.chat.prompt import build_prompt_tokens
 from kvmem.chat.template import ChatTemplate
 from kvmem.config import KVMemConfig, QueryAheadMode, QuerySource
-from kvmem.engine.query_ahead import QueryAhead
+from kvmem.engine.query.query_ahead import QueryAhead
 from kvmem.errors import TurnCancelledError
 from kvmem.memory.planner import RetrievalMethod, Tier
 from kvmem.memory.spans import PromptSpans, TokenSpan

@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 
-from kvmem.engine.background_index import BackgroundIndex
+from kvmem.engine.query.background_index import BackgroundIndex
 from kvmem.memory.ggml_types import GgmlType
 from kvmem.memory.retrieval_index import BlockKeys, KeyGeometry, RetrievalIndex
 from kvmem.memory.rope import RopeParams, RopeType

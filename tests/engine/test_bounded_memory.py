@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from kvmem.config import KVMemConfig
-from kvmem.engine.batch_rows import MAIN_SEQ
-from kvmem.engine.state_codec import parse_state
+from kvmem.engine.llama.batch_rows import MAIN_SEQ
+from kvmem.engine.transfer.state_codec import parse_state
 
 from .helpers import GREEDY, filler_tokens, make_engine
 

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from kvmem.config import KVMemConfig
-from kvmem.engine import Engine
+from kvmem.engine.engine import Engine
 
 from .helpers import GREEDY, filler_tokens, make_engine
 

@@ -9,12 +9,12 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from kvmem.engine.context import ContextSettings, LlamaContext
-from kvmem.engine.eval_gate import EvalGate, load_gate_library
-from kvmem.engine.host_staging import StagingBuffer
-from kvmem.engine.llama_lib import ggml_base
-from kvmem.engine.model import LlamaModel
-from kvmem.engine.query_capture import QueryCapture
+from kvmem.engine.llama.context import ContextSettings, LlamaContext
+from kvmem.engine.llama.host_staging import StagingBuffer
+from kvmem.engine.llama.llama_lib import ggml_base
+from kvmem.engine.llama.model import LlamaModel
+from kvmem.engine.query.eval_gate import EvalGate, load_gate_library
+from kvmem.engine.query.query_capture import QueryCapture
 
 
 def test_gate_forwards_only_while_armed():

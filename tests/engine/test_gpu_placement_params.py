@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import llama_cpp
 
-from kvmem.engine.model import apply_placement
+from kvmem.engine.llama.model import apply_placement
 from kvmem.engine.settings import GpuPlacement
 
 

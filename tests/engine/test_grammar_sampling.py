@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from kvmem.chat.grammar_check import check_grammar
-from kvmem.engine import Engine
+from kvmem.engine.engine import Engine
 from kvmem.errors import InvalidRequestError
 from tests.unit.test_grammar_check import GENERATED
 

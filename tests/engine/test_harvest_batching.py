@@ -10,7 +10,7 @@ import io
 import pytest
 
 from kvmem.config import KVMemConfig, QuerySource
-from kvmem.engine.transfer_profile import TransferPath
+from kvmem.engine.transfer.transfer_profile import TransferPath
 
 from .helpers import FILLER, GREEDY, make_engine
 

@@ -10,16 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvmem.engine.batch_rows import HARVEST_SEQ, RESTORE_SEQ
-from kvmem.engine.context import ContextSettings, LlamaContext
-from kvmem.engine.hybrid_codec import (
+from kvmem.engine.hybrid.hybrid_codec import (
     RecurrentState,
     build_hybrid_state,
     parse_hybrid_state,
 )
-from kvmem.engine.model import LlamaModel
-from kvmem.engine.recurrent_state import read_recurrent, snapshot_recurrent
-from kvmem.engine.state_codec import split_blocks
+from kvmem.engine.hybrid.recurrent_state import read_recurrent, snapshot_recurrent
+from kvmem.engine.llama.batch_rows import HARVEST_SEQ, RESTORE_SEQ
+from kvmem.engine.llama.context import ContextSettings, LlamaContext
+from kvmem.engine.llama.model import LlamaModel
+from kvmem.engine.transfer.state_codec import split_blocks
 
 from .hybrid_models import tiny_hybrid_path  # noqa: F401  (fixture)
 

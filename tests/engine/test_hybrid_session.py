@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from kvmem.config import KVMemConfig, QueryReplay
-from kvmem.engine import Engine, EngineSettings
-from kvmem.engine.context import ContextSettings, LlamaContext
-from kvmem.engine.hybrid_codec import build_hybrid_state, parse_hybrid_state
-from kvmem.engine.recurrent_state import read_recurrent
-from kvmem.engine.state_codec import parse_state
+from kvmem.engine.engine import Engine
+from kvmem.engine.hybrid.hybrid_codec import build_hybrid_state, parse_hybrid_state
+from kvmem.engine.hybrid.recurrent_state import read_recurrent
+from kvmem.engine.llama.context import ContextSettings, LlamaContext
+from kvmem.engine.settings import EngineSettings
+from kvmem.engine.transfer.state_codec import parse_state
 from kvmem.errors import StateFormatError
 from kvmem.memory.host_store import BlockKV
 from kvmem.memory.spans import TokenSpan
@@ -99,7 +100,7 @@ def test_round_trip_of_attention_blocks_keeps_logits_and_recurrent_state(
         before = read_recurrent(a.ctx)
         a.session.window.evict([1, 3])
         assert read_recurrent(a.ctx).same_as(before)
-        a.session.window.restore_own([1, 3], a.session.last_turn)
+        a.session.last_turn.add(a.session.window.restore_own([1, 3]))
         assert read_recurrent(a.ctx).same_as(before)  # the staging blob carried seq 0's
         longer = prompt + tokens(40, seed=3)
         rows_a: list[np.ndarray] = []
@@ -281,7 +282,7 @@ def test_drafts_on_a_hybrid_over_budget(over, tiny_hybrid_path) -> None:  # noqa
     oracle drafter proposes the plain output with every 5th token wrong): verification folds
     only accepted tokens into the recurrent state (snapshot, rewind, re-decode), rejected
     cells are never recorded, and greedy output equals decoding without drafts."""
-    from kvmem.engine.spec_decode import SpecDecoder
+    from kvmem.engine.spec.spec_decode import SpecDecoder
     from kvmem.spec_config import SpecConfig, SpecType
 
     plain, _ = over

@@ -11,16 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvmem.engine.context import ContextSettings, LlamaContext
-from kvmem.engine.hybrid_codec import (
+from kvmem.engine.hybrid.hybrid_codec import (
     parse_hybrid_state,
     parse_partial_state,
     serialize_hybrid_state,
     serialize_partial_state,
 )
-from kvmem.engine.model import LlamaModel
-from kvmem.engine.recurrent_state import PARTIAL_ONLY
-from kvmem.engine.state_codec import parse_state
+from kvmem.engine.hybrid.recurrent_state import PARTIAL_ONLY
+from kvmem.engine.llama.context import ContextSettings, LlamaContext
+from kvmem.engine.llama.model import LlamaModel
+from kvmem.engine.transfer.state_codec import parse_state
 from kvmem.errors import StateFormatError
 from kvmem.memory.ggml_types import GgmlType
 

@@ -1,6 +1,6 @@
 """The MTP draft context follows the target at no cost while the draft gate keeps steps
 plain, and its KV follows the window (the same blocks at the same positions), on the tiny
-synthetic qwen35 with one nextn layer (engine/mtp_draft.py, engine/mtp_blocks.py).
+synthetic qwen35 with one nextn layer (engine/spec/mtp_draft.py, engine/spec/mtp_blocks.py).
 
 - While the gate is closed, a step adds its row to the drafter's backlog only: the draft
   context decodes nothing, also when the step completes a block the target harvests (its
@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvmem.engine import Engine
-from kvmem.engine.draft_gate import DraftGate
-from kvmem.engine.state_codec import parse_state
+from kvmem.engine.engine import Engine
+from kvmem.engine.spec.draft_gate import DraftGate
+from kvmem.engine.transfer.state_codec import parse_state
 from kvmem.spec_config import SpecConfig, SpecType
 
 from .helpers import GREEDY

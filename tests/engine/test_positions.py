@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from kvmem.config import KVMemConfig
-from kvmem.engine.batch_rows import MAIN_SEQ
-from kvmem.engine.state_codec import parse_state
-from kvmem.engine.window import TokenSpan
+from kvmem.engine.llama.batch_rows import MAIN_SEQ
+from kvmem.engine.session.window import TokenSpan
+from kvmem.engine.transfer.state_codec import parse_state
 from kvmem.memory.layout import PositionMode, head_run_end, window_layout
 
 from .helpers import GREEDY, filler_tokens, make_engine

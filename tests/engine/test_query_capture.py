@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from kvmem.config import KVMemConfig, QueryPolicy
-from kvmem.engine.context import ContextSettings, LlamaContext
-from kvmem.engine.llama_lib import ggml_base
-from kvmem.engine.model import LlamaModel
+from kvmem.engine.llama.context import ContextSettings, LlamaContext
+from kvmem.engine.llama.llama_lib import ggml_base
+from kvmem.engine.llama.model import LlamaModel
 from kvmem.memory.ggml_types import GgmlType, dequantize_rows
 from kvmem.memory.retrieval_index import default_score_layers
 from kvmem.memory.rope import k_rotation_size, remove_rope, undo_hadamard
@@ -70,7 +70,7 @@ def test_rope_and_hadamard_conventions_match_llama_cpp(smollm2_path, cache):
         k_post = recorder.get(f"Kcur-{LAYER}", True)  # [40, n_head_kv, head_dim]
 
         # the K cache holds k_post (Hadamard-rotated for a quantized cache), in its own type
-        from kvmem.engine.state_codec import parse_state
+        from kvmem.engine.transfer.state_codec import parse_state
 
         ctx.seq_cp(0, 1, 0, 40)
         state = parse_state(ctx.get_state(1))
@@ -93,7 +93,7 @@ def test_rope_and_hadamard_conventions_match_llama_cpp(smollm2_path, cache):
 def test_session_captures_exactly_the_query_span(smollm2_path):
     engine = make_engine(smollm2_path, n_ctx=4096, kvmem=KVMemConfig(budget=1024, gen_reserve=256))
     try:
-        from kvmem.engine import TokenSpan
+        from kvmem.memory.spans import TokenSpan
 
         prompt = filler_tokens(engine, 1500, seed=11)
         span = TokenSpan(1400, 1480)

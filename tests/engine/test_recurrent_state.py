@@ -10,9 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvmem.engine.context import ContextSettings, LlamaContext
-from kvmem.engine.model import LlamaModel
-from kvmem.engine.recurrent_state import (
+from kvmem.engine.hybrid.recurrent_state import (
     PARTIAL_ONLY,
     RecurrentCheckpoints,
     read_recurrent,
@@ -20,6 +18,8 @@ from kvmem.engine.recurrent_state import (
     rewind,
     snapshot_recurrent,
 )
+from kvmem.engine.llama.context import ContextSettings, LlamaContext
+from kvmem.engine.llama.model import LlamaModel
 from kvmem.errors import KVTransferError
 
 from .hybrid_models import tiny_hybrid_path  # noqa: F401  (fixture)

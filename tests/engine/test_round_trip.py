@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kvmem.config import KVMemConfig
-from kvmem.engine import TurnStats
+from kvmem.engine.trace import TurnStats
 
 from .helpers import filler_tokens, make_engine
 
@@ -34,7 +34,7 @@ def test_evict_restore_is_exact(smollm2_path, cache):
             session.window.evict([1])
             assert not session.table.is_on_gpu(1)
             stats = TurnStats()
-            session.window.restore({1: 128}, stats)
+            stats.add(session.window.restore({1: 128}))
             assert stats.stage_in_blocks == 1
             assert stats.stage_in_bytes == session.store.get(1).nbytes
             assert session.table.is_on_gpu(1)
@@ -62,7 +62,7 @@ def test_restore_several_blocks_in_one_call(smollm2_path):
             session.window.evict([1, 2, 3])
             assert session.table.gpu_blocks() == (0, 4)
             stats = TurnStats()
-            session.window.restore({3: 384, 1: 128, 2: 256}, stats)
+            stats.add(session.window.restore({3: 384, 1: 128, 2: 256}))
             assert stats.stage_in_blocks == 3
             assert session.table.gpu_blocks() == (0, 1, 2, 3, 4)
 

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from kvmem.config import KVMemConfig, QuerySource
-from kvmem.engine import Engine, EngineSettings, GpuPlacement, TurnStats
+from kvmem.engine.engine import Engine
+from kvmem.engine.settings import EngineSettings, GpuPlacement
+from kvmem.engine.trace import TurnStats
 from kvmem.errors import RpcUnavailableError
 from kvmem.settings.rpc_endpoints import RpcEndpoint
 from tests.rpc_workers import Worker, endpoints, require_rpc, start_workers, stop_workers

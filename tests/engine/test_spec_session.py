@@ -10,7 +10,7 @@ import io
 import pytest
 
 from kvmem.config import KVMemConfig
-from kvmem.engine import Engine
+from kvmem.engine.engine import Engine
 from kvmem.spec_config import SpecConfig, SpecType
 
 from .helpers import GREEDY, filler_tokens
@@ -29,7 +29,7 @@ NGRAM = SpecConfig(type=SpecType.NGRAM, n_max=3, gate=False)  # every step draft
 
 def _settings(path: str, kvmem: KVMemConfig):
     from kvmem.config import KVCacheTypes
-    from kvmem.engine import EngineSettings
+    from kvmem.engine.settings import EngineSettings
 
     return EngineSettings(
         model_path=path,

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from kvmem.bench.lookup_drafts import drafted_loop, plain_loop
-from kvmem.engine.context import ContextSettings, LlamaContext
-from kvmem.engine.model import LlamaModel
-from kvmem.engine.sampler import Sampler
-from kvmem.engine.speculative import accept_draft, verify_draft
+from kvmem.engine.llama.context import ContextSettings, LlamaContext
+from kvmem.engine.llama.model import LlamaModel
+from kvmem.engine.llama.sampler import Sampler
+from kvmem.engine.spec.speculative import accept_draft, verify_draft
 from kvmem.errors import DecodeError
 from kvmem.memory.ngram_draft import NgramDraftParams, draft_ngram
 from kvmem.sampling import SamplingParams

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from kvmem.bench.lookup_drafts import drafted_loop, plain_loop
-from kvmem.engine.context import ContextSettings, LlamaContext
-from kvmem.engine.host_staging import StagingBuffer
-from kvmem.engine.hybrid_codec import HybridSeqState, parse_hybrid_state
-from kvmem.engine.model import LlamaModel
+from kvmem.engine.hybrid.hybrid_codec import HybridSeqState, parse_hybrid_state
+from kvmem.engine.llama.context import ContextSettings, LlamaContext
+from kvmem.engine.llama.host_staging import StagingBuffer
+from kvmem.engine.llama.model import LlamaModel
 from kvmem.sampling import SamplingParams
 
 from .hybrid_models import tiny_hybrid_path  # noqa: F401  (fixture)

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from kvmem.config import KVMemConfig
-from kvmem.engine import TurnStats
-from kvmem.engine.host_staging import StagingBuffer
-from kvmem.engine.llama_lib import host_buffer_allocator
-from kvmem.engine.state_codec import kv_part_nbytes
-from kvmem.engine.transfer_profile import TransferPath
+from kvmem.engine.llama.host_staging import StagingBuffer
+from kvmem.engine.llama.llama_lib import host_buffer_allocator
+from kvmem.engine.trace import TurnStats
+from kvmem.engine.transfer.state_codec import kv_part_nbytes
+from kvmem.engine.transfer.transfer_profile import TransferPath
 
 from .helpers import filler_tokens, make_engine
 
@@ -39,7 +39,7 @@ def _logits_after(engine, prompt, token, staging) -> tuple[np.ndarray, int]:
     session.window.evict([1, 2, 3])
     session.transfer.profile.clear()
     stats = TurnStats()
-    session.window.restore({3: 384, 1: 128, 2: 256}, stats)
+    stats.add(session.window.restore({3: 384, 1: 128, 2: 256}))
     assert stats.stage_in_blocks == 3
     session.ctx.decode([token], len(prompt), [True])
     return session.ctx.logits(-1), session.transfer.profile.paths[TransferPath.STATE_SET].calls
@@ -85,7 +85,7 @@ def test_a_restore_uses_the_blobs_built_ahead_only_for_exactly_its_blocks(smollm
             assert transfer.prepare(prepared)
             transfer.profile.clear()
             stats = TurnStats()
-            session.window.restore({1: 128, 2: 256, 3: 384}, stats)
+            stats.add(session.window.restore({1: 128, 2: 256, 3: 384}))
             assert (stats.stage_in_blocks, stats.built_ahead_blocks) == (3, built_ahead)
             assert paths[TransferPath.STATE_BUILD].calls == builds
             assert paths[TransferPath.STATE_BUILD_AHEAD].calls == built_ahead
@@ -127,7 +127,7 @@ def test_threaded_copies_are_bit_identical(smollm2_path):
     on several threads, give the logits of a never-evicted context, for f16 and q8_0."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from kvmem.engine.block_buffers import BlockBuffers
+    from kvmem.engine.transfer.block_buffers import BlockBuffers
 
     for cache in ("f16", "q8_0"):
         engine = make_engine(
@@ -164,7 +164,7 @@ def test_blocks_whose_copy_out_is_pending_can_be_evicted_and_restored(smollm2_pa
         assert result.block_ids == (1, 2, 3) and transfer._pending_ids == {1, 2, 3}
         session.window.evict([1, 2, 3])
         stats = TurnStats()
-        session.window.restore({1: 128, 2: 256, 3: 384}, stats)
+        stats.add(session.window.restore({1: 128, 2: 256, 3: 384}))
         assert not transfer._pending and stats.stage_in_blocks == 3
         session.ctx.decode([token], len(prompt), [True])
         assert np.array_equal(session.ctx.logits(-1), reference)

@@ -11,8 +11,8 @@ import pytest
 
 from kvmem.bench.synth_mmproj import MmprojShape, write_mmproj
 from kvmem.config import KVMemConfig, QuerySource
-from kvmem.engine import Engine
-from kvmem.engine.media import is_standin
+from kvmem.engine.engine import Engine
+from kvmem.engine.media.media import is_standin
 from kvmem.engine.settings import VisionSettings
 from kvmem.memory.spans import PromptSpans, TokenSpan
 

@@ -1,4 +1,4 @@
-"""A scripted fake of `kvmem.engine.Engine` for unit tests of the chat layer and the server.
+"""A scripted fake of `kvmem.engine.engine.Engine` for unit tests of the chat layer and the server.
 
 One token per character (token id = code point), so texts and token counts are easy to
 state exactly. Each `generate` call takes the next scripted reply (or asks a callable with

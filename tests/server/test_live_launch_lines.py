@@ -91,7 +91,7 @@ def test_preflight_on_a_server_without_keys_or_origins(main_server: LiveServer) 
 
 
 def _maps_model(server: LiveServer) -> bool:
-    from kvmem.engine.model_path import default_model_path
+    from kvmem.gguf.model_path import default_model_path
 
     model = str(Path(default_model_path()).resolve())
     return model in Path(f"/proc/{server.proc.pid}/maps").read_text()

@@ -11,7 +11,8 @@ import pytest
 
 from kvmem.chat.prompt import build_prompt_tokens
 from kvmem.chat.template import ChatTemplate
-from kvmem.engine import Engine, EngineSettings
+from kvmem.engine.engine import Engine
+from kvmem.engine.settings import EngineSettings
 
 pytestmark = pytest.mark.slow
 

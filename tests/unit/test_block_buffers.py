@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from kvmem.engine.block_buffers import BlockBuffers
+from kvmem.engine.transfer.block_buffers import BlockBuffers
 
 
 def _wait_ready(pool: BlockBuffers, n_bytes: int) -> None:

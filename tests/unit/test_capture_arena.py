@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvmem.engine.capture_arena import ARENA_MAX, CaptureArena
-from kvmem.engine.host_staging import StagingBuffer
+from kvmem.engine.llama.host_staging import StagingBuffer
+from kvmem.engine.query.capture_arena import ARENA_MAX, CaptureArena
 
 MIB = 1 << 20
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvmem.engine import kv_copy
+from kvmem.engine.transfer import kv_copy
 
 
 @pytest.mark.parametrize(("cpus", "want"), [(1, 1), (2, 1), (8, 4), (16, 8), (64, 8)])

@@ -3,7 +3,7 @@ steps, re-probing the other mode at doubling gaps."""
 
 from __future__ import annotations
 
-from kvmem.engine.draft_gate import DraftGate
+from kvmem.engine.spec.draft_gate import DraftGate
 
 
 def _run(gate: DraftGate, steps: int, cost_draft: float, cost_plain: float) -> list[int]:

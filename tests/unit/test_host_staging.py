@@ -3,7 +3,7 @@ profile's staging_grow: page-locking a GiB on the GPU host is not free)."""
 
 from __future__ import annotations
 
-from kvmem.engine.host_staging import StagingBuffer
+from kvmem.engine.llama.host_staging import StagingBuffer
 
 
 def test_growth_is_counted_once_per_reallocation():

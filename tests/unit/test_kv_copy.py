@@ -1,4 +1,4 @@
-"""The native gather/scatter (engine/kv_copy.py, native/kv_copy.c) writes the bytes of the
+"""The native gather/scatter (engine/transfer/kv_copy.py, native/kv_copy.c) writes the bytes of the
 numpy path (state_codec + owned_block, the reference), for f16, q8_0 and q4_0 rows, V
 transposed and not, cells out of order, on one thread and several (no model)."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvmem.engine.harvest_split import owned_block, split_owned
-from kvmem.engine.kv_copy import native_copy
-from kvmem.engine.state_codec import (
+from kvmem.engine.transfer.harvest_split import owned_block, split_owned
+from kvmem.engine.transfer.kv_copy import native_copy
+from kvmem.engine.transfer.state_codec import (
     LayerLayout,
     StateLayout,
     build_state,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from gguf import GGUFWriter
 
-from kvmem.engine.nextn_meta import check_mtp_head, nextn_layers
 from kvmem.errors import ConfigError
+from kvmem.gguf.nextn_meta import check_mtp_head, nextn_layers
 
 
 def _gguf(path: Path, arch: str, nextn: int | None) -> Path:

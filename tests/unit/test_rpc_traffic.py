@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvmem.engine.rpc_traffic import NetworkMeter
-from kvmem.engine.transfer_profile import TransferPath, TransferProfile
+from kvmem.engine.transfer.rpc_traffic import NetworkMeter
+from kvmem.engine.transfer.transfer_profile import TransferPath, TransferProfile
 from kvmem.settings.rpc_endpoints import RpcEndpoint
 
 

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from kvmem.engine.state_codec import (
+from kvmem.engine.transfer.state_codec import (
     STATE_MAGIC,
     LayerLayout,
     StateLayout,

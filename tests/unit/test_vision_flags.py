@@ -73,7 +73,7 @@ def test_bad_vision_flags(mmproj: str, argv: list[str], message: str) -> None:
 
 @pytest.mark.model
 def test_a_text_model_is_not_a_projector() -> None:
-    from kvmem.engine import default_model_path
+    from kvmem.gguf.model_path import default_model_path
 
     with pytest.raises(ConfigError, match="is not a multimodal projector"):
         load("-mm", default_model_path())

@@ -233,8 +233,9 @@ def add_ratios(results: list[SweepResult]) -> None:
 
 
 def engine_opener(settings: SweepSettings) -> Callable[[SweepPoint], BenchEngine]:
-    from kvmem.engine import Engine, EngineSettings
-    from kvmem.engine.host_staging import STAGING_BYTES
+    from kvmem.engine.engine import Engine
+    from kvmem.engine.llama.host_staging import STAGING_BYTES
+    from kvmem.engine.settings import EngineSettings
 
     def open_engine(point: SweepPoint) -> BenchEngine:
         kv = KVMemConfig(

@@ -27,7 +27,7 @@ from kvmem.cli.kvmem_flags import (
     strict_int,
 )
 from kvmem.config import KVCacheTypes, KVMemConfig
-from kvmem.engine import EngineSettings, GpuPlacement
+from kvmem.engine.settings import EngineSettings, GpuPlacement
 from kvmem.errors import ConfigError
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.spans import TokenSpan
@@ -58,7 +58,7 @@ class Method(Enum):
 
 
 class BenchEngine(Protocol):
-    """The parts of `kvmem.engine.Engine` the benchmarks call."""
+    """The parts of `kvmem.engine.engine.Engine` the benchmarks call."""
 
     @property
     def info(self) -> Any: ...
@@ -157,7 +157,7 @@ class LlamaEngineFactory:
         self.settings = settings
 
     def open(self, method: Method) -> BenchEngine:
-        from kvmem.engine import Engine  # loads llama.cpp: only when a benchmark runs
+        from kvmem.engine.engine import Engine  # loads llama.cpp: only when a benchmark runs
 
         logger.info("opening the %s engine", method.value)
         return Engine(self.settings.engine_settings(method))

@@ -7,7 +7,7 @@ tokens generated / the wall time from the first lane's first token to the last l
 last; the ratios to one lane are printed from the same run.
 
 Then, on the same loaded weights and unless `--no-baseline`, the plain-llama.cpp baseline
-(no KVMem, engine/seq_baseline.py) of the two lane designs: N sequence ids batched in ONE
+(no KVMem, engine/llama/seq_baseline.py) of the two lane designs: N sequence ids batched in ONE
 context (one llama_decode per step) against N contexts decoding on N threads, with the
 ratio one-context / N-contexts from the same run.
 """
@@ -24,14 +24,15 @@ from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
 from kvmem.cli.progress_bar import stderr_bar
 from kvmem.config import KVMemConfig
-from kvmem.engine import MAX_LANES, EngineSettings
+from kvmem.engine.settings import MAX_LANES, EngineSettings
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
 from kvmem.sampling import SamplingParams
 from kvmem.settings.values import gpu_layers
 
 if TYPE_CHECKING:
-    from kvmem.engine import Engine, EngineLanes
+    from kvmem.engine.engine import Engine
+    from kvmem.engine.lanes import EngineLanes
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def _prompt(engine: Engine, lane: int) -> list[int]:
 
 def measure(lanes: EngineLanes, n: int, gen_tokens: int) -> dict[str, Any]:
     """N lanes generating at once; tok/s over the span of their decoding."""
-    from kvmem.engine.seq_baseline import run_threads
+    from kvmem.engine.llama.seq_baseline import run_threads
 
     first: list[float] = [0.0] * n
     last: list[float] = [0.0] * n
@@ -94,7 +95,7 @@ def measure(lanes: EngineLanes, n: int, gen_tokens: int) -> dict[str, Any]:
 
 def measure_baseline(lanes: EngineLanes, counts: tuple[int, ...], gen: int) -> list[dict]:
     """For each N: plain llama.cpp, N seq ids in one context vs N contexts (no KVMem)."""
-    from kvmem.engine.seq_baseline import (
+    from kvmem.engine.llama.seq_baseline import (
         agreeing_prefix,
         baseline_settings,
         n_contexts,
@@ -188,7 +189,7 @@ def run(ns: argparse.Namespace) -> int:
         cache_types=cache_types_from_args(ns),
         kvmem=KVMemConfig(budget=ns.budget, gen_reserve=ns.gen_reserve),
     )
-    from kvmem.engine import EngineLanes  # loads llama.cpp
+    from kvmem.engine.lanes import EngineLanes  # loads llama.cpp
 
     t0 = time.perf_counter()
     lanes = EngineLanes(settings, max(counts))

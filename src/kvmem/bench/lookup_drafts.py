@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 from kvmem.bench.report import add_run_arguments, format_table, machine_description, write_json
 from kvmem.chat.template import ChatTemplate
 from kvmem.cli.kvmem_flags import strict_int
-from kvmem.engine.model_path import resolve_model_path
 from kvmem.errors import ConfigError
+from kvmem.gguf.model_path import resolve_model_path
 from kvmem.memory.ngram_draft import NgramDraftParams, draft_ngram
 from kvmem.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from kvmem.engine.context import LlamaContext
-    from kvmem.engine.host_staging import StagingBuffer
+    from kvmem.engine.llama.context import LlamaContext
+    from kvmem.engine.llama.host_staging import StagingBuffer
 
 GREEDY = SamplingParams(temperature=0.0)
 Drafter = Callable[[list[int], int], list[int]]  # (history, tokens emitted so far) -> draft
@@ -54,7 +54,7 @@ def plain_loop(
     ctx: LlamaContext, prompt: Sequence[int], n_new: int, params: SamplingParams = GREEDY
 ) -> LoopRun:
     """Decode one token at a time until n_new tokens or an end-of-generation token."""
-    from kvmem.engine.sampler import Sampler
+    from kvmem.engine.llama.sampler import Sampler
 
     _prefill(ctx, prompt)
     sampler = Sampler(ctx.model.vocab, params)
@@ -86,8 +86,8 @@ def drafted_loop(
 ) -> LoopRun:
     """The same generation, each step verifying `drafter`'s proposal in one batch
     (`staging`: where a hybrid's recurrent snapshots go, as verify_draft's)."""
-    from kvmem.engine.sampler import Sampler
-    from kvmem.engine.speculative import verify_draft
+    from kvmem.engine.llama.sampler import Sampler
+    from kvmem.engine.spec.speculative import verify_draft
 
     _prefill(ctx, prompt)
     sampler = Sampler(ctx.model.vocab, params)
@@ -165,8 +165,8 @@ def run(ns: argparse.Namespace) -> int:
     for flag, value in (("--max-tokens", ns.max_tokens), ("--functions", ns.functions)):
         if value <= 0:
             raise ConfigError(flag, f"must be positive, got {value}")
-    from kvmem.engine.context import ContextSettings, LlamaContext
-    from kvmem.engine.model import LlamaModel
+    from kvmem.engine.llama.context import ContextSettings, LlamaContext
+    from kvmem.engine.llama.model import LlamaModel
 
     path = resolve_model_path(ns.model)
     model = LlamaModel(path, ns.gpu_layers)

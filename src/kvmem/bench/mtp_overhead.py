@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING
 from kvmem.bench.report import add_run_arguments, format_table, machine_description, write_json
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.config import KVMemConfig
-from kvmem.engine import EngineSettings
-from kvmem.engine.draft_gate import DraftGate
-from kvmem.engine.model_path import resolve_model_path
-from kvmem.engine.nextn_meta import check_mtp_head
+from kvmem.engine.settings import EngineSettings
+from kvmem.engine.spec.draft_gate import DraftGate
 from kvmem.errors import ConfigError
+from kvmem.gguf.model_path import resolve_model_path
+from kvmem.gguf.nextn_meta import check_mtp_head
 from kvmem.sampling import SamplingParams
 from kvmem.spec_config import SPEC_KV_TYPES, SpecConfig, SpecType
 
 if TYPE_CHECKING:
-    from kvmem.engine import Engine
+    from kvmem.engine.engine import Engine
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -127,8 +127,8 @@ def run(ns: argparse.Namespace) -> int:
         n_gpu_layers=ns.gpu_layers,
         kvmem=KVMemConfig(budget=ns.budget, gen_reserve=ns.gen_reserve),
     )
-    from kvmem.engine import Engine  # loads llama.cpp
-    from kvmem.engine.model import LlamaModel
+    from kvmem.engine.engine import Engine  # loads llama.cpp
+    from kvmem.engine.llama.model import LlamaModel
 
     model = LlamaModel(path, ns.gpu_layers, load_mtp=True)
     runs: dict[str, dict] = {}

@@ -15,42 +15,27 @@ into a table (stdout), DIR/summary.json and DIR/summary.png (`protocol_report`).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
-from kvmem.bench.protocol_presets import PRESETS, Preset, Step, preset
+from kvmem.bench.protocol_presets import (
+    PRESETS,
+    Preset,
+    Step,
+    StepRun,
+    is_complete,
+    preset,
+    step_json,
+)
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.errors import ConfigError
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class StepRun:
-    name: str
-    status: str  # "done" (already), "ran", "failed"
-    seconds: float
-    returncode: int = 0
-
-
-def is_complete(path: Path) -> bool:
-    """Whether a step's JSON is there, whole, and not a checkpoint of an unfinished run."""
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and doc.get("complete", True) is True
-
-
-def step_json(out: Path, step: Step) -> Path:
-    return out / step.name / step.json
 
 
 def command(step: Step, out: Path) -> list[str]:

@@ -10,7 +10,9 @@ lab's methods and layouts, `smoke` a tiny SmolLM2 run that tests the command.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvmem.errors import ConfigError
 
@@ -167,3 +169,24 @@ def preset(name: str) -> Preset:
         raise ConfigError(
             "--preset", f"unknown preset {name!r}; use " + ", ".join(PRESETS)
         ) from None
+
+
+@dataclass(slots=True)
+class StepRun:
+    name: str
+    status: str  # "done" (already), "ran", "failed"
+    seconds: float
+    returncode: int = 0
+
+
+def is_complete(path: Path) -> bool:
+    """Whether a step's JSON is there, whole, and not a checkpoint of an unfinished run."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("complete", True) is True
+
+
+def step_json(out: Path, step: Step) -> Path:
+    return out / step.name / step.json

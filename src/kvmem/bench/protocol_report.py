@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvmem.bench.fidelity import FIDELITY_METHODS
-from kvmem.bench.protocol import StepRun, is_complete, step_json
-from kvmem.bench.protocol_presets import NEEDLE_METHODS, Preset
+from kvmem.bench.protocol_presets import NEEDLE_METHODS, Preset, StepRun, is_complete, step_json
 from kvmem.bench.report import format_table, machine_description, write_json
 
 Tally = dict[str, list[int]]  # method -> [correct, total]

@@ -5,7 +5,7 @@ Without `--rpc` it starts `--workers N` kvmem-rpc-worker processes on loopback i
 each configuration (local, then over the workers) one engine with the same KVMem settings
 processes the same prompt (prefill, one token generated) and then generates
 `--gen-tokens` more (decode). The network bytes are the kernel's counters of the
-connections to the workers (kvmem.engine.rpc_traffic); per path they come from the
+connections to the workers (kvmem.engine.transfer.rpc_traffic); per path they come from the
 transfer profile. The paper estimate for two machines adds, per token, the bytes over
 the link's bandwidth and `ROUND_TRIPS_PER_WORKER` round trips per worker at its latency to
 the loopback time (an assumption, printed with the numbers).
@@ -76,8 +76,8 @@ def _start_workers(n: int, base_port: int, threads: int, log_dir: Path) -> list[
 def _run(
     name: str, settings: Any, workers: tuple[RpcEndpoint, ...], ns: argparse.Namespace
 ) -> RunResult:
-    from kvmem.engine import Engine
-    from kvmem.engine.rpc_traffic import NetworkMeter
+    from kvmem.engine.engine import Engine
+    from kvmem.engine.transfer.rpc_traffic import NetworkMeter
 
     engine = Engine(settings)
     meter = NetworkMeter(workers) if workers else None
@@ -135,7 +135,7 @@ def paper_estimate(
 
 
 def run(ns: argparse.Namespace) -> dict[str, Any]:
-    from kvmem.engine import EngineSettings, GpuPlacement
+    from kvmem.engine.settings import EngineSettings, GpuPlacement
 
     model = resolve_model_flag(ns.model, "-m")
     kvmem = KVMemConfig(budget=ns.budget, gen_reserve=ns.gen_reserve)

@@ -26,9 +26,9 @@ import numpy as np
 
 from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.cli.kvmem_flags import strict_int
-from kvmem.engine.harvest_split import owned_block, split_owned
-from kvmem.engine.kv_copy import NativeCopy, copy_threads, native_copy
-from kvmem.engine.state_codec import (
+from kvmem.engine.transfer.harvest_split import owned_block, split_owned
+from kvmem.engine.transfer.kv_copy import NativeCopy, copy_threads, native_copy
+from kvmem.engine.transfer.state_codec import (
     LayerLayout,
     StateLayout,
     build_state,

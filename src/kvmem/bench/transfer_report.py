@@ -1,4 +1,4 @@
-"""The data-movement profile (kvmem.engine.transfer_profile) as a table: per transfer path
+"""The data-movement profile (kvmem.engine.transfer.transfer_profile) as a table: per transfer path
 its GB/s and time, the end-to-end harvest and restore bandwidths, and the eval-callback
 calls. Printed by `decode-sweep` (per point) and `tools` (the server's /props)."""
 

@@ -24,16 +24,16 @@ from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.bench.synth_mmproj import MmprojShape, write_mmproj
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.config import KVMemConfig
-from kvmem.engine import EngineSettings, resolve_model_path
-from kvmem.engine.mmproj_meta import model_embd
-from kvmem.engine.settings import VisionSettings
+from kvmem.engine.settings import EngineSettings, VisionSettings
 from kvmem.errors import ConfigError
+from kvmem.gguf.mmproj_meta import model_embd
+from kvmem.gguf.model_path import resolve_model_path
 from kvmem.models import resolve_model_flag
 from kvmem.sampling import SamplingParams
 from kvmem.settings.values import gpu_layers
 
 if TYPE_CHECKING:
-    from kvmem.engine import Engine
+    from kvmem.engine.engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def _turn(engine: Engine, prompt: list[int], gen: int) -> dict[str, float]:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from kvmem.engine import Engine  # loads llama.cpp
+    from kvmem.engine.engine import Engine  # loads llama.cpp
 
     model = resolve_model_path(resolve_model_flag(ns.model, "--model"))
     with tempfile.TemporaryDirectory() as tmp:

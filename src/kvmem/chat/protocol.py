@@ -1,4 +1,4 @@
-"""The parts of `kvmem.engine.Engine` that the chat layer and the server call.
+"""The parts of `kvmem.engine.engine.Engine` that the chat layer and the server call.
 
 A `Protocol`, so unit tests can drive the chat layer and the server with a small fake
 engine; the real `Engine` satisfies it structurally.
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 class ModelInfoLike(Protocol):
-    """The fields of `kvmem.engine.ModelInfo` that the chat layer reads."""
+    """The fields of `kvmem.engine.llama.model.ModelInfo` that the chat layer reads."""
 
     @property
     def path(self) -> str: ...
@@ -42,7 +42,7 @@ class ModelInfoLike(Protocol):
 
 
 class TurnStatsLike(Protocol):
-    """The fields of `kvmem.engine.TurnStats` that the chat layer reads."""
+    """The fields of `kvmem.engine.trace.TurnStats` that the chat layer reads."""
 
     @property
     def prompt_tokens(self) -> int: ...

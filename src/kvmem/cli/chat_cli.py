@@ -82,7 +82,7 @@ def parse_gpu_layers(value: str) -> int:
 
 def settings_from_args(ns: argparse.Namespace):
     """Validate everything and build EngineSettings (no model is loaded here)."""
-    from kvmem.engine import EngineSettings, GpuPlacement
+    from kvmem.engine.settings import EngineSettings, GpuPlacement
 
     _check(ns)
     flags = kvmem_config_from_args(
@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ns = build_parser().parse_args(argv)
         settings = settings_from_args(ns)
-        from kvmem.engine import resolve_model_path
+        from kvmem.gguf.model_path import resolve_model_path
 
         resolve_model_path(settings.model_path)
     except ConfigError as exc:

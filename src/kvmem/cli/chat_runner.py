@@ -12,7 +12,8 @@ from typing import Any
 from kvmem.chat.detokenize import IncrementalDetokenizer
 from kvmem.chat.prompt import PromptTokens, build_prompt_tokens
 from kvmem.chat.template import ChatTemplate
-from kvmem.engine import Engine, EngineSettings
+from kvmem.engine.engine import Engine
+from kvmem.engine.settings import EngineSettings
 from kvmem.errors import ConfigError, TurnCancelledError
 from kvmem.memory.spans import TokenSpan
 from kvmem.sampling import SamplingParams

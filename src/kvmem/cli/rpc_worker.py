@@ -87,7 +87,7 @@ def check_port_free(endpoint: RpcEndpoint) -> None:
 
 def serve(endpoint: RpcEndpoint, cache_dir: str | None, n_threads: int) -> None:
     """Start llama.cpp's RPC server on a daemon thread and wait for it (or Ctrl-C)."""
-    from kvmem.engine.rpc import NO_RPC_MESSAGE, rpc_library
+    from kvmem.engine.llama.rpc import NO_RPC_MESSAGE, rpc_library
     from kvmem.errors import RpcUnavailableError
 
     library = rpc_library()

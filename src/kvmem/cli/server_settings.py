@@ -14,7 +14,7 @@ from enum import Enum
 from kvmem.chat.thinking import ThinkingDefaults
 from kvmem.cli.api_keys import ApiKeys
 from kvmem.cli.limit_flags import ServerLimits
-from kvmem.engine import EngineSettings
+from kvmem.engine.settings import EngineSettings
 from kvmem.sampling import SamplingParams
 from kvmem.settings import Group, setting
 from kvmem.settings import values as t

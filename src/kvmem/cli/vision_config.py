@@ -9,10 +9,10 @@ import os
 from pathlib import Path
 
 from kvmem.cli.server_flags import VisionFlags
-from kvmem.engine.mmproj_meta import check_projector
-from kvmem.engine.model_path import resolve_model_path
 from kvmem.engine.settings import VisionSettings
 from kvmem.errors import ConfigError
+from kvmem.gguf.mmproj_meta import check_projector
+from kvmem.gguf.model_path import resolve_model_path
 
 _ONLY_WITH_MMPROJ = ("image_min_tokens", "image_max_tokens", "media_path")
 

@@ -14,8 +14,8 @@ from dataclasses import replace
 import llama_cpp
 import numpy as np
 
-from kvmem.config import QuerySource
 from kvmem.errors import ConfigError, InvalidRequestError
+from kvmem.gguf.model_path import resolve_model_path
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.rope import k_rotation_size
@@ -23,26 +23,24 @@ from kvmem.memory.spans import PromptSpans
 from kvmem.memory.tiered_store import MIB
 from kvmem.sampling import SamplingParams
 
-from .background_index import BackgroundIndex
-from .context import ContextSettings, LlamaContext
-from .conversation_disk import ConversationDisk
-from .conversations import ConversationPool
-from .llama_lib import ggml_base
-from .media import VisionProjector
-from .model import LlamaModel, ModelInfo
-from .model_path import resolve_model_path
-from .mtp_draft import MtpDrafter
-from .query_capture import QueryCapture, capture_staging
-from .rpc_traffic import NetworkMeter
-from .sampler import Sampler
-from .scoring_context import ScoringContext
-from .session import KVMemSession
-from .session_persist import SessionPersister, open_tiered_store, store_fingerprint
+from .build import SessionParts, build_contexts, build_session
+from .llama.llama_lib import ggml_base
+from .llama.model import LlamaModel, ModelInfo
+from .llama.sampler import Sampler
+from .media.media import VisionProjector
+from .persist.conversation_disk import ConversationDisk
+from .persist.conversations import ConversationPool
+from .persist.session_persist import SessionPersister, open_tiered_store, store_fingerprint
+from .query.background_index import BackgroundIndex
+from .query.query_capture import QueryCapture, capture_staging
+from .query.scoring_context import ScoringContext
+from .session.session import KVMemSession
+from .session.window import TokenSpan
 from .settings import EngineSettings
-from .spec_decode import spec_decoder
+from .spec.mtp_draft import MtpDrafter
 from .trace import EngineStats, PrefillProgress, Tracer, TurnStats
-from .transfer_profile import PathTiming, TransferPath
-from .window import TokenSpan
+from .transfer.rpc_traffic import NetworkMeter
+from .transfer.transfer_profile import PathTiming, TransferPath
 
 logger = logging.getLogger(__name__)
 
@@ -83,61 +81,19 @@ class Engine:
         self.key_geometry: KeyGeometry | None = None
         index, capture = self._retrieval_parts()
         self._capture = capture
-        ctx_settings = ContextSettings(
-            n_cells=cells,
-            n_batch=settings.n_batch,
-            n_ubatch=settings.n_ubatch,
-            n_threads=settings.n_threads,
-            n_threads_batch=settings.n_threads_batch,
-            flash_attn=settings.flash_attn,
-            type_k=settings.cache_types.k,
-            type_v=settings.cache_types.v,
-            offload_kqv=settings.offload_kqv,
+        contexts = build_contexts(self.model, settings, cells, capture)
+        self.ctx = contexts.ctx
+        self._main_capture = contexts.main_capture
+        self.scoring: ScoringContext | None = contexts.scoring
+        self.vision: VisionProjector | None = contexts.vision
+        self.mtp: MtpDrafter | None = contexts.mtp
+        self._parts = SessionParts(
+            contexts, kv, n_ctx, self.tracer, self.is_eog, settings.staging_bytes, settings.spec
         )
-        # the main context's callback: the capture's, unless a scoring context reads the query
-        scored_apart = capture is not None and kv.query_source is QuerySource.SCORING
-        main_capture = None if scored_apart else capture
-        self.ctx = LlamaContext(
-            self.model,
-            ctx_settings,
-            main_capture.callback if main_capture else None,
-            main_capture.user_data if main_capture else None,
-        )
-        self._main_capture = main_capture
-        self.scoring: ScoringContext | None = None
-        if scored_apart:
-            assert capture is not None
-            sink = kv.sink_blocks * kv.block_tokens
-            self.scoring = ScoringContext(
-                self.model, ctx_settings, capture, sink, kv.query_max_tokens
-            )
-        self.vision: VisionProjector | None = None
-        if settings.vision is not None:
-            self.vision = VisionProjector(self.model, settings.vision)
-            self.ctx.vision = self.vision  # decodes the image rows of a prompt
-            if self.scoring is not None:  # a query span may hold image rows too
-                self.scoring.ctx.vision = self.vision
-        self.mtp: MtpDrafter | None = None  # --spec-type draft-mtp: the draft context
-        if settings.spec.wants_mtp:
-            self.mtp = MtpDrafter(
-                self.ctx, settings.spec.kv_type, settings.spec.n_max, settings.n_threads
-            )
         store = self.disk_store  # (a TieredStore is falsy while empty: compare with None)
         if self.conv_disk is not None:
             store = self.conv_disk.open_store(0)
-        self.session = KVMemSession(
-            self.ctx,
-            kv,
-            n_ctx,
-            index,
-            main_capture,
-            self.tracer,
-            self.is_eog,
-            store=store,
-            staging_bytes=settings.staging_bytes,
-            spec=spec_decoder(settings.spec, self.mtp),
-            scoring=self.scoring,
-        )
+        self.session = build_session(self._parts, index, store)
         self._meter_network(self.session)
         if self.disk_store is not None:
             self._load_stored_session(index)
@@ -188,19 +144,7 @@ class Engine:
             workers = max(1, min(4, (os.cpu_count() or 2) // 4))
             index = BackgroundIndex(self.key_geometry, layers, workers)
         store = self.conv_disk.open_store(slot) if self.conv_disk is not None else None
-        session = KVMemSession(
-            self.ctx,
-            kv,
-            self.info.n_ctx,
-            index,
-            self._main_capture,
-            self.tracer,
-            self.is_eog,
-            store,
-            staging_bytes=self.settings.staging_bytes,
-            spec=spec_decoder(self.settings.spec, self.mtp),
-            scoring=self.scoring,
-        )
+        session = build_session(self._parts, index, store)
         self._meter_network(session)
         return session
 

@@ -25,10 +25,10 @@ import llama_cpp
 
 from kvmem.config import lane_disk_dir
 from kvmem.errors import ConfigError
+from kvmem.gguf.model_path import resolve_model_path
 
 from .engine import Engine
-from .model import LlamaModel, ModelInfo
-from .model_path import resolve_model_path
+from .llama.model import LlamaModel, ModelInfo
 from .settings import MAX_LANES, EngineSettings
 from .trace import EngineStats
 

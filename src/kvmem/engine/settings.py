@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 from kvmem.config import KVCacheTypes, KVMemConfig
 from kvmem.errors import ConfigError
+from kvmem.gguf.model_path import resolve_model_path
+from kvmem.gguf.nextn_meta import check_mtp_head
 from kvmem.settings.rpc_endpoints import RpcEndpoint
 from kvmem.spec_config import SpecConfig
 
-from .host_staging import STAGING_BYTES
-from .model_path import resolve_model_path
-from .nextn_meta import check_mtp_head
+from .llama.host_staging import STAGING_BYTES
 
 MAX_LANES = 4  # --parallel: engines sharing one model
 

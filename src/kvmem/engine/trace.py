@@ -77,6 +77,34 @@ class TurnStats:
     draft_n_accepted: int = 0  # of which accepted
     finish_reason: str = FinishReason.STOP.value
 
+    def add(self, moves: Moves) -> None:
+        """Count what a residency change did (the window's applies return it)."""
+        for name in Moves.__slots__:
+            setattr(self, name, getattr(self, name) + getattr(moves, name))
+
+
+@dataclass(slots=True)
+class Moves:
+    """What one residency change did: blocks harvested, staged in, evicted, spilled, and
+    its time. The window returns it; the turn adds it to its TurnStats."""
+
+    harvested_blocks: int = 0
+    harvested_bytes: int = 0
+    harvest_ms: float = 0.0
+    stage_in_blocks: int = 0
+    stage_in_bytes: int = 0
+    built_ahead_blocks: int = 0
+    restore_ms: float = 0.0
+    evicted_blocks: int = 0
+    spilled_blocks: int = 0
+    score_ms: float = 0.0
+    reselect_ms: float = 0.0
+
+    def __iadd__(self, other: Moves) -> Moves:
+        for name in Moves.__slots__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        return self
+
 
 @dataclass(slots=True)
 class EngineStats:

@@ -169,7 +169,7 @@ def _ctx_size(args: Sequence[str]) -> int | None:
 
 
 def _embedded_model_path() -> str:
-    from kvmem.engine.model_path import default_model_path
+    from kvmem.gguf.model_path import default_model_path
 
     return default_model_path()
 

@@ -1,4 +1,4 @@
-"""What an MTP draft context holds of the target's rows (engine/mtp_draft.py), numpy only.
+"""What an MTP draft context holds of the target's rows (engine/spec/mtp_draft.py), numpy only.
 
 - `DraftBacklog`: rows the target decoded that the draft context has not yet seen: token
   x_p at position p with the trunk's hidden state h_{p-1}. Steps taken while the draft

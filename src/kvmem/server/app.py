@@ -43,7 +43,8 @@ EngineFactory = Callable[[ServerSettings], ChatEngine]
 
 
 def default_engine_factory(settings: ServerSettings) -> ChatEngine:
-    from kvmem.engine import Engine, EngineLanes
+    from kvmem.engine.engine import Engine
+    from kvmem.engine.lanes import EngineLanes
 
     if settings.parallel > 1:
         return EngineLanes(settings.engine, settings.parallel)  # type: ignore[return-value]

@@ -24,8 +24,8 @@ import uvicorn
 
 from kvmem.chat.protocol import ChatEngine
 from kvmem.cli.server_config import load_server_settings
-from kvmem.engine import resolve_model_path
 from kvmem.errors import ConfigError, ModelNotFoundError
+from kvmem.gguf.model_path import resolve_model_path
 from kvmem.server.app import create_app
 from kvmem.server.connection_guard import (
     effective_connection_limit,

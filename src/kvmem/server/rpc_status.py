@@ -43,13 +43,13 @@ class RpcWatch:
     lost: list[str] = field(default_factory=list)
 
     def install(self) -> None:
-        from kvmem.engine.rpc import watch_workers
+        from kvmem.engine.llama.rpc import watch_workers
 
         watch_workers(self._on_lost)
 
     def _on_lost(self, message: str) -> None:
         """On the engine thread that met the lost worker, before it is parked."""
-        from kvmem.engine.rpc import check_reachable
+        from kvmem.engine.llama.rpc import check_reachable
 
         lost: list[str] = []
         for endpoint in self.settings.engine.placement.rpc:

@@ -13,7 +13,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from kvmem.engine.slot_file import SlotResult, erase_slot, restore_slot, save_slot
+from kvmem.engine.persist.slot_file import SlotResult, erase_slot, restore_slot, save_slot
 from kvmem.server.channel import EventChannel
 
 

@@ -151,7 +151,7 @@ class EngineWorker:
     def mark_lost(self, error: RpcWorkerLostError) -> None:
         """An RPC worker went away mid-graph: the running, routed and waiting jobs fail
         with `error` and later ones are refused. The engine thread that met it stays
-        parked inside llama.cpp (kvmem.engine.rpc), so the engine is never used again."""
+        parked inside llama.cpp (kvmem.engine.llama.rpc), so the engine is never used again."""
         with self._cond:
             self.state = WorkerState.LOST
             self.load_error = error

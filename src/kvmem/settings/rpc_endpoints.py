@@ -3,7 +3,7 @@
 `--rpc HOST:PORT[,HOST:PORT...]` is spelled as llama-server spells it; the CLI, the
 server and the launcher parse it here before anything loads. `LayerPlacement` is what
 `/props` and `KVMEM_STARTUP` report: each repeating layer's device, read back from
-llama.cpp's load log (kvmem.engine.rpc).
+llama.cpp's load log (kvmem.engine.llama.rpc).
 """
 
 from __future__ import annotations

@@ -1,0 +1,118 @@
+"""The composition root: the contexts of a loaded model and the sessions on them.
+
+`Engine` loads the model and the stores; what runs a turn is assembled here, from its
+parts: the main context (with the query capture's callback unless a scoring context
+reads the query), the scoring context, the vision projector, the MTP draft context, and
+per conversation a `KVMemSession` over them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvmem.config import KVMemConfig, QuerySource
+from kvmem.memory.host_store import BlockStore
+from kvmem.memory.retrieval_index import RetrievalIndex
+from kvmem.spec_config import SpecConfig
+
+from .llama.context import ContextSettings, LlamaContext
+from .llama.model import LlamaModel
+from .media.media import VisionProjector
+from .query.query_capture import QueryCapture
+from .query.scoring_context import ScoringContext
+from .session.session import KVMemSession
+from .settings import EngineSettings
+from .spec.mtp_draft import MtpDrafter
+from .spec.spec_decode import spec_decoder
+from .trace import Tracer
+
+
+@dataclass(slots=True)
+class Contexts:
+    """The llama.cpp contexts of one engine, and what reads them."""
+
+    ctx: LlamaContext  # the main context: every session's KV lives here
+    main_capture: QueryCapture | None  # the capture on the main context's callback
+    scoring: ScoringContext | None  # --kvmem-query-source scoring: a context of its own
+    vision: VisionProjector | None
+    mtp: MtpDrafter | None  # --spec-type draft-mtp: the draft context
+
+
+@dataclass(slots=True)
+class SessionParts:
+    """What every session of one engine shares."""
+
+    contexts: Contexts
+    config: KVMemConfig
+    n_ctx: int
+    tracer: Tracer
+    is_eog: Callable[[int], bool]
+    staging_bytes: int
+    spec: SpecConfig
+
+
+def context_settings(settings: EngineSettings, cells: int) -> ContextSettings:
+    return ContextSettings(
+        n_cells=cells,
+        n_batch=settings.n_batch,
+        n_ubatch=settings.n_ubatch,
+        n_threads=settings.n_threads,
+        n_threads_batch=settings.n_threads_batch,
+        flash_attn=settings.flash_attn,
+        type_k=settings.cache_types.k,
+        type_v=settings.cache_types.v,
+        offload_kqv=settings.offload_kqv,
+    )
+
+
+def build_contexts(
+    model: LlamaModel, settings: EngineSettings, cells: int, capture: QueryCapture | None
+) -> Contexts:
+    """The main context of `cells` cells and the contexts beside it."""
+    kv = settings.kvmem
+    ctx_settings = context_settings(settings, cells)
+    # the main context's callback: the capture's, unless a scoring context reads the query
+    scored_apart = capture is not None and kv.query_source is QuerySource.SCORING
+    main_capture = None if scored_apart else capture
+    ctx = LlamaContext(
+        model,
+        ctx_settings,
+        main_capture.callback if main_capture else None,
+        main_capture.user_data if main_capture else None,
+    )
+    scoring = None
+    if scored_apart:
+        assert capture is not None
+        sink = kv.sink_blocks * kv.block_tokens
+        scoring = ScoringContext(model, ctx_settings, capture, sink, kv.query_max_tokens)
+    vision = None
+    if settings.vision is not None:
+        vision = VisionProjector(model, settings.vision)
+        ctx.vision = vision  # decodes the image rows of a prompt
+        if scoring is not None:  # a query span may hold image rows too
+            scoring.ctx.vision = vision
+    mtp = None
+    if settings.spec.wants_mtp:
+        mtp = MtpDrafter(ctx, settings.spec.kv_type, settings.spec.n_max, settings.n_threads)
+    return Contexts(ctx, main_capture, scoring, vision, mtp)
+
+
+def build_session(
+    parts: SessionParts, index: RetrievalIndex | None, store: BlockStore | None
+) -> KVMemSession:
+    """One conversation's session: its own block table, window, store and index."""
+    contexts = parts.contexts
+    return KVMemSession(
+        contexts.ctx,
+        parts.config,
+        parts.n_ctx,
+        index,
+        contexts.main_capture,
+        parts.tracer,
+        parts.is_eog,
+        store=store,
+        staging_bytes=parts.staging_bytes,
+        spec=spec_decoder(parts.spec, contexts.mtp),
+        scoring=contexts.scoring,
+    )

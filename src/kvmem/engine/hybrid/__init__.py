@@ -1,0 +1,1 @@
+"""Recurrent (SSM) state of hybrid models: its codec, transfer and replay."""

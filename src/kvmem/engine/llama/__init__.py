@@ -1,0 +1,1 @@
+"""The llama.cpp adapter proper: library handle, model, context, batches, sampler, native helpers."""

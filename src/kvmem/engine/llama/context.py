@@ -1,0 +1,222 @@
+"""An owned llama.cpp context: decoding at explicit positions and the memory calls KVMem uses."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import llama_cpp
+import numpy as np
+
+from kvmem.errors import DecodeError, KVTransferError, ModelLoadError
+from kvmem.memory.ggml_types import GgmlType
+
+from ..media.media_prefill import decode_mixed, has_standins
+from .batch_rows import MAIN_SEQ, N_SEQ, fill_rows
+from .host_staging import StagingBuffer
+from .model import LlamaModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ContextSettings:
+    n_cells: int  # KV cells of the context (llama n_ctx)
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_threads: int | None = None
+    n_threads_batch: int | None = None
+    flash_attn: bool = True
+    type_k: GgmlType = GgmlType.F16
+    type_v: GgmlType = GgmlType.F16
+    offload_kqv: bool = True
+    # recurrent-state rollback planes per sequence (hybrid models): seq_rm may then drop up
+    # to n_rs_seq tokens from the tail (speculative verification); 0 = no rollback
+    n_rs_seq: int = 0
+    draft_mtp: bool = False  # an MTP draft context: runs only the model's nextn layer
+    n_seq_max: int = N_SEQ  # sequence ids (KVMem: main + 2 staging; the seq-id baseline: N)
+
+
+class MainSeqObserver(Protocol):
+    """Told of every change to the main sequence made through this context (the MTP
+    drafter's draft context follows it: mtp_draft.py), and of the blocks KVTransfer
+    harvests from it and restores into it (block id -> first position of its cells)."""
+
+    def after_decode(self, ctx: LlamaContext, tokens: Sequence[int], start_pos: int) -> None: ...
+
+    def after_seq_rm(self, p0: int, p1: int) -> None: ...
+
+    def after_seq_add(self, p0: int, p1: int, delta: int) -> None: ...
+
+    def after_harvest(self, block_ids: Sequence[int], block_tokens: int) -> None: ...
+
+    def after_restore(self, starts: Mapping[int, int], block_tokens: int) -> None: ...
+
+
+class Batch:
+    """A reusable llama_batch for one sequence."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.raw = llama_cpp.llama_batch_init(capacity, 0, 1)
+
+    def fill(self, tokens: Sequence[int], start_pos: int, logits: Sequence[bool]) -> None:
+        n = len(tokens)
+        assert 0 < n <= self.capacity
+        raw = self.raw
+        for i, tok in enumerate(tokens):
+            raw.token[i] = tok
+        fill_rows(raw, n, start_pos, logits)
+
+    def free(self) -> None:
+        if self.raw is not None:
+            llama_cpp.llama_batch_free(self.raw)
+            self.raw = None
+
+
+class LlamaContext:
+    """`llama_context *` with a unified KV cache and spare sequence ids for staging."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        settings: ContextSettings,
+        eval_callback=None,
+        eval_user_data: int | None = None,
+    ) -> None:
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx = settings.n_cells
+        p.n_batch = settings.n_batch
+        p.n_ubatch = min(settings.n_ubatch, settings.n_batch)
+        p.n_seq_max = settings.n_seq_max
+        threads = settings.n_threads or os.cpu_count() or 1
+        p.n_threads = threads
+        p.n_threads_batch = settings.n_threads_batch or threads
+        p.flash_attn_type = (
+            1 if settings.flash_attn else 0
+        )  # LLAMA_FLASH_ATTN_TYPE_ENABLED/DISABLED
+        p.type_k = int(settings.type_k)
+        p.type_v = int(settings.type_v)
+        p.kv_unified = True
+        p.offload_kqv = settings.offload_kqv
+        p.n_rs_seq = settings.n_rs_seq
+        if settings.draft_mtp:
+            p.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        p.no_perf = True
+        if eval_callback is not None:
+            p.cb_eval = eval_callback
+            p.cb_eval_user_data = eval_user_data
+        self._callback = eval_callback  # keep the ctypes callback alive
+        ptr = llama_cpp.llama_init_from_model(model.ptr, p)
+        if not ptr:
+            raise ModelLoadError("llama.cpp failed to create the context (see its log)")
+        self.ptr = ptr
+        self.model = model
+        self.settings = settings
+        self.n_cells = llama_cpp.llama_n_ctx(ptr)
+        self.n_batch = llama_cpp.llama_n_batch(ptr)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(model.vocab)
+        self.mem = llama_cpp.llama_get_memory(ptr)
+        self.n_rs_seq = llama_cpp.llama_n_rs_seq(ptr)  # 0 where the model cannot roll back
+        self._batch = Batch(self.n_batch)
+        self.vision = None  # a media.VisionProjector: decodes image stand-in ids
+        self.embd_batch = None  # media_prefill.EmbdBatch, made on the first image
+        self.observer: MainSeqObserver | None = None  # mtp_draft.MtpDrafter with draft-mtp
+
+    # decoding --------------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], start_pos: int, logits: Sequence[bool]) -> None:
+        """Decode `tokens` at positions start_pos.. on the main sequence."""
+        if self.vision is not None and has_standins(tokens):
+            decode_mixed(self, tokens, start_pos, logits)  # image rows among the tokens
+            return
+        self._batch.fill(tokens, start_pos, logits)
+        rc = llama_cpp.llama_decode(self.ptr, self._batch.raw)
+        if rc != 0:
+            raise DecodeError(f"llama_decode failed with code {rc} at position {start_pos}")
+        if self.observer is not None:
+            self.observer.after_decode(self, tokens, start_pos)
+
+    def logits(self, index: int) -> np.ndarray:
+        """A copy of the logits of output row `index` (-1 = last)."""
+        ptr = llama_cpp.llama_get_logits_ith(self.ptr, index)
+        if not ptr:
+            raise DecodeError(f"no logits for output {index}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()  # [n_vocab]
+
+    # memory ----------------------------------------------------------------------------
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1):
+            raise KVTransferError(f"seq_rm({seq}, {p0}, {p1}) failed")
+        if seq == MAIN_SEQ and self.observer is not None:
+            self.observer.after_seq_rm(p0, p1)
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Shift the positions of seq's cells in [p0, p1) by delta (RoPE re-applied lazily)."""
+        llama_cpp.llama_memory_seq_add(self.mem, seq, p0, p1, delta)
+        if seq == MAIN_SEQ and self.observer is not None:
+            self.observer.after_seq_add(p0, p1, delta)
+
+    def blocks_harvested(self, block_ids: Sequence[int], block_tokens: int) -> None:
+        """KVTransfer copied these blocks of the main sequence (at their own positions)."""
+        if self.observer is not None:
+            self.observer.after_harvest(block_ids, block_tokens)
+
+    def blocks_restored(self, starts: Mapping[int, int], block_tokens: int) -> None:
+        """KVTransfer wrote these blocks into the main sequence at `starts`."""
+        if self.observer is not None:
+            self.observer.after_restore(starts, block_tokens)
+
+    @property
+    def can_shift(self) -> bool:
+        return bool(llama_cpp.llama_memory_can_shift(self.mem))
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_pos_max(self, seq: int = MAIN_SEQ) -> int:
+        return llama_cpp.llama_memory_seq_pos_max(self.mem, seq)
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.mem, True)
+        if self.observer is not None:
+            self.observer.after_seq_rm(-1, -1)
+
+    def get_state(
+        self, seq: int, flags: int = 0, staging: StagingBuffer | None = None
+    ) -> memoryview:
+        """The sequence's state blob; flags: LLAMA_STATE_SEQ_FLAGS_* (PARTIAL_ONLY = 1: the
+        recurrent part of a hybrid memory alone). With `staging`, the blob is read into that
+        reused buffer (valid until its next use) when it fits the buffer's limit."""
+        size = llama_cpp.llama_state_seq_get_size_ext(self.ptr, seq, flags)
+        if staging is not None and size <= staging.limit_bytes:
+            buf = staging.view(size)  # [size]
+        else:
+            buf = np.empty(size, dtype=np.uint8)  # [size]
+        n = llama_cpp.llama_state_seq_get_data_ext(self.ptr, _u8_ptr(buf), size, seq, flags)
+        if n == 0:
+            raise KVTransferError(f"llama_state_seq_get_data({seq}, flags={flags}) failed")
+        return memoryview(buf)[:n]
+
+    def set_state(self, blob: bytes | np.ndarray, seq: int, flags: int = 0) -> None:
+        buf = np.frombuffer(blob, dtype=np.uint8)  # [size], no copy
+        n = llama_cpp.llama_state_seq_set_data_ext(self.ptr, _u8_ptr(buf), len(buf), seq, flags)
+        if n == 0:
+            raise KVTransferError(
+                f"llama_state_seq_set_data({seq}, flags={flags}) failed (no free cells?)"
+            )
+
+    def close(self) -> None:
+        if self.ptr:
+            self._batch.free()
+            if self.embd_batch is not None:
+                self.embd_batch.free()
+            llama_cpp.llama_free(self.ptr)
+            self.ptr = None
+
+
+def _u8_ptr(buf: np.ndarray):
+    return buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))

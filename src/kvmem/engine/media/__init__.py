@@ -1,0 +1,1 @@
+"""Images: the projector, its embeddings and their prefill."""

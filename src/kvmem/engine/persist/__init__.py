@@ -1,0 +1,1 @@
+"""Sessions and slots on disk: manifests, conversation files, slot save/restore."""

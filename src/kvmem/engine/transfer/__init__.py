@@ -1,0 +1,1 @@
+"""KV data movement between the GPU context and the host tiers: codec, copy, staging, profile."""

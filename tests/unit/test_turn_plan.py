@@ -1,0 +1,124 @@
+"""TurnPlan: the turn's decisions from the request and the history alone (no llama_cpp)."""
+
+from __future__ import annotations
+
+from kvmem.config import KVMemConfig, QueryPolicy, QueryReplay
+from kvmem.engine.query.source_kind import SourceKind
+from kvmem.engine.session.turn_plan import ChunkGrid, TurnInputs, plan_turn
+from kvmem.memory.spans import PromptSpans, TokenSpan
+
+CONFIG = KVMemConfig(block_tokens=32, budget=256, query_max_tokens=64)
+SPANS = PromptSpans(
+    control=TokenSpan(0, 40),
+    query=TokenSpan(300, 380),
+    trajectory=TokenSpan(380, 500),
+    live=TokenSpan(380, 500),
+)
+
+
+def _inputs(**changes) -> TurnInputs:
+    base = dict(
+        n=500,
+        given=SPANS,
+        common=0,
+        frontier=None,
+        config=CONFIG,
+        source=SourceKind.MAIN,
+        hybrid=False,
+    )
+    base.update(changes)
+    return TurnInputs(**base)
+
+
+def _ranks(answer: bool, asked: list[int] | None = None):
+    def ranks(spans: PromptSpans, end: int) -> bool:
+        if asked is not None:
+            asked.append(end)
+        return answer
+
+    return ranks
+
+
+def _no_lack(span: TokenSpan, reused: int) -> int | None:
+    return None
+
+
+def test_main_source_agent_policy_wants_the_task_and_the_trajectory_tail() -> None:
+    plan = plan_turn(_inputs(common=200), _ranks(True), _no_lack)
+    assert plan.spans == SPANS
+    assert plan.wanted == (TokenSpan(316, 380), TokenSpan(436, 500))
+    assert (plan.common, plan.reused, plan.tail, plan.end) == (200, 200, None, 500)
+
+
+def test_the_cut_is_below_the_last_token_and_at_the_frontier() -> None:
+    whole = plan_turn(_inputs(common=500), _ranks(False), _no_lack)
+    assert (whole.common, whole.reused) == (499, 499)
+    cut = plan_turn(_inputs(common=450, frontier=320), _ranks(False), _no_lack)
+    assert (cut.common, cut.reused) == (450, 320)
+
+
+def test_tail_policy_and_a_prompt_without_a_task_score_the_prompts_tail() -> None:
+    tail = TokenSpan(436, 500)
+    config = KVMemConfig(
+        block_tokens=32, budget=256, query_max_tokens=64, query_policy=QueryPolicy.TAIL
+    )
+    plan = plan_turn(_inputs(config=config), _ranks(True), _no_lack)
+    assert plan.spans == PromptSpans(SPANS.control, tail, SPANS.trajectory, SPANS.live)
+    assert plan.wanted == (tail,)
+    bare = plan_turn(_inputs(given=PromptSpans()), _ranks(True), _no_lack)
+    assert bare.spans == PromptSpans(None, tail, None, tail)
+    assert bare.wanted == (tail,)
+
+
+def test_main_source_restarts_where_a_wanted_spans_rows_are_missing() -> None:
+    lacking = {TokenSpan(316, 380): 340, TokenSpan(436, 500): None}
+    plan = plan_turn(_inputs(common=390), _ranks(True), lambda s, r: lacking[s])
+    assert plan.reused == 340
+    too_far = {TokenSpan(316, 380): 100, TokenSpan(436, 500): None}
+    kept = plan_turn(_inputs(common=390), _ranks(True), lambda s, r: too_far[s])
+    assert kept.reused == 390  # more than --kvmem-query-max-tokens back: goes without
+    unranked = plan_turn(_inputs(common=390), _ranks(False), lambda s, r: lacking[s])
+    assert unranked.reused == 390
+
+
+def test_scoring_source_defers_the_block_aligned_tail_and_wants_nothing_unranked() -> None:
+    asked: list[int] = []
+    plan = plan_turn(_inputs(source=SourceKind.SCORING, common=450), _ranks(True, asked), _no_lack)
+    # max(live start 380, n - pinned query 64, 1) = 436, down to a block: 416
+    assert CONFIG.query_pin_tokens == 64
+    assert (plan.tail, plan.end, plan.reused) == (416, 416, 416)
+    assert plan.wanted == (TokenSpan(316, 380), TokenSpan(436, 500))
+    assert asked == [416]
+    unranked = plan_turn(_inputs(source=SourceKind.SCORING), _ranks(False), _no_lack)
+    assert unranked.wanted == ()
+
+
+def test_no_deferred_tail_within_budget_on_a_hybrid_with_images_or_replay_off() -> None:
+    scoring = dict(source=SourceKind.SCORING)
+    cases = [
+        _inputs(n=200, given=PromptSpans(query=TokenSpan(100, 150)), **scoring),
+        _inputs(hybrid=True, **scoring),
+        _inputs(given=PromptSpans(SPANS.control, SPANS.query, groups=(TokenSpan(50, 90),))),
+        _inputs(
+            config=KVMemConfig(
+                block_tokens=32, budget=256, query_max_tokens=64, query_replay=QueryReplay.OFF
+            ),
+            **scoring,
+        ),
+        _inputs(),  # the main source keeps the tail: its rows come from the prefill
+    ]
+    assert [plan_turn(i, _ranks(True), _no_lack).tail for i in cases] == [None] * 5
+
+
+def test_no_source_wants_nothing() -> None:
+    plan = plan_turn(_inputs(source=SourceKind.NONE, common=100), _ranks(True), _no_lack)
+    assert (plan.wanted, plan.reused, plan.tail) == ((), 100, None)
+
+
+def test_chunk_grid_is_block_aligned_and_leaves_room_for_the_window() -> None:
+    assert ChunkGrid.of(CONFIG, n_batch=512, capacity=320) == ChunkGrid(192, 192)
+    assert ChunkGrid.of(CONFIG, n_batch=100, capacity=1000) == ChunkGrid(96, 96)
+    # a batch smaller than a block: the largest divisor of the block that fits
+    assert ChunkGrid.of(CONFIG, n_batch=12, capacity=1000) == ChunkGrid(8, 32)
+    off = KVMemConfig(enabled=False, block_tokens=32)
+    assert ChunkGrid.of(off, n_batch=512, capacity=300) == ChunkGrid(300, 300)
