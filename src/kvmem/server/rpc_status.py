@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +36,10 @@ def rpc_body(settings: ServerSettings, info: ModelInfoLike | None) -> dict[str, 
     return {"workers": [str(w) for w in workers], **placement}
 
 
+PROBE_ROUNDS = 10  # probes of the workers after a lost connection, PROBE_PAUSE_S apart
+PROBE_PAUSE_S = 0.1
+
+
 @dataclass(slots=True)
 class RpcWatch:
     """Installed by create_app when --rpc is given."""
@@ -51,12 +57,7 @@ class RpcWatch:
         """On the engine thread that met the lost worker, before it is parked."""
         from kvmem.engine.llama.rpc import check_reachable
 
-        lost: list[str] = []
-        for endpoint in self.settings.engine.placement.rpc:
-            try:
-                check_reachable(endpoint)
-            except RpcUnavailableError:
-                lost.append(str(endpoint))
+        lost = self._unreachable(check_reachable)
         self.lost = lost
         names = ", ".join(lost) or "a worker"
         logger.error("RPC worker lost (%s): %s", names, message)
@@ -66,6 +67,21 @@ class RpcWatch:
                 "cannot run until kvmem-server is restarted over running workers"
             )
         )
+
+    def _unreachable(self, check_reachable: Callable[[Any], None]) -> list[str]:
+        """The workers that no longer accept connections. A worker that just died may close
+        its connection to us before its listening socket: probe again for up to a second."""
+        lost: list[str] = []
+        for _ in range(PROBE_ROUNDS):
+            for endpoint in self.settings.engine.placement.rpc:
+                try:
+                    check_reachable(endpoint)
+                except RpcUnavailableError:
+                    lost.append(str(endpoint))
+            if lost:
+                break
+            time.sleep(PROBE_PAUSE_S)
+        return lost
 
     def health(self) -> dict[str, Any]:
         return {"workers": [str(w) for w in self.settings.engine.placement.rpc], "lost": self.lost}

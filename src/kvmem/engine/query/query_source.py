@@ -98,11 +98,11 @@ class ScoringSource:
 
     def rows(self, prompt, wanted, kept, captured, reused) -> SpanRows:
         missing = self.cache.missing(wanted, prompt)
-        t0 = time.perf_counter()
+        t0, net0 = time.perf_counter(), self.profile.net_mark()
         rows = self.scoring.query_rows(prompt, missing)
         if missing:
-            ms = (time.perf_counter() - t0) * 1e3
-            self.profile.add(TransferPath.SCORING_DECODE, ms, calls=len(missing))
+            ms, net = (time.perf_counter() - t0) * 1e3, self.profile.net_mark() - net0
+            self.profile.add(TransferPath.SCORING_DECODE, ms, calls=len(missing), net_bytes=net)
         return rows
 
 

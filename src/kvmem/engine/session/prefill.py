@@ -42,7 +42,7 @@ def prefill_chunks(
             stats.add(window.stream_to(pos, spans, room, grid.stream_grid))
         window.note_decode()
         live = [s for s in capture if pos < s.end and pos + len(chunk) > s.start]
-        t_decode = time.perf_counter()
+        t_decode, net0 = time.perf_counter(), runner.profile.net_mark()
         got = runner.run(chunk, pos, False, c0 + len(chunk) == len(tokens), bool(live))
         decode_ms = (time.perf_counter() - t_decode) * 1e3
         for span in live:
@@ -53,7 +53,8 @@ def prefill_chunks(
         if on_chunk is not None:
             on_chunk()
         c0 += len(chunk)
-        runner.profile.add(TransferPath.PREFILL_DECODE, decode_ms)
+        net = runner.profile.net_mark() - net0  # bytes to the RPC workers (0 without)
+        runner.profile.add(TransferPath.PREFILL_DECODE, decode_ms, net_bytes=net)
         loop_ms = (time.perf_counter() - t_loop) * 1e3
         runner.profile.add(TransferPath.PREFILL_GAP, loop_ms - decode_ms)
     return {s: {k: np.concatenate(v) for k, v in d.items()} for s, d in captured.items()}
