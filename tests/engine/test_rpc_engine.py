@@ -87,7 +87,7 @@ def _next_logits(engine: Engine, prompt: list[int], token: int, evict_restore: b
         engine.session.window.evict([1])
         assert not engine.session.table.is_on_gpu(1)
         stats = TurnStats()
-        engine.session.window.restore({1: 128}, stats)
+        stats.add(engine.session.window.restore({1: 128}))
         assert stats.stage_in_blocks == 1
     engine.session.ctx.decode([token], len(prompt), [True])
     return engine.session.ctx.logits(-1)
