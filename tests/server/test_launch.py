@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -169,3 +170,55 @@ def _healthy(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_the_rpc_recipe_starts_its_workers_and_a_server_over_them(tmp_path: Path) -> None:
+    """kvmem-launch rpc-smollm2 for real (issue 31): two kvmem-rpc-worker processes, the
+    server over them answering with its layers on the workers, and --stop ending all three."""
+    packaged = Path(__file__).parents[2] / "src/kvmem/launch/recipes/rpc-smollm2.json"
+    data = json.loads(packaged.read_text())
+    base = _two_free_ports()
+    port = free_port()
+    assert port not in (base, base + 1)
+    data["rpc"]["base_port"] = base
+    recipe = tmp_path / "rpc.json"
+    recipe.write_text(json.dumps(data))
+    extra = ("--", "-c", "2048", "-t", "1")
+    started = launch(tmp_path, str(recipe), "--port", str(port), *extra)
+    assert started.returncode == 0, started.stderr
+    workers = [pid_of_worker(tmp_path, base + i) for i in range(2)]
+    try:
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json()
+        endpoints = [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
+        assert health == {"status": "ok", "rpc": {"workers": endpoints, "lost": []}}
+        props = httpx.get(f"http://127.0.0.1:{port}/props", timeout=30).json()
+        assert props["rpc"]["workers"] == endpoints
+        assert {layer["endpoint"] for layer in props["rpc"]["layers"]} == set(endpoints)
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+            timeout=120,
+        )
+        assert reply.status_code == 200
+        assert reply.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        stopped = launch(tmp_path, str(recipe), "--port", str(port), "--stop")
+    assert stopped.returncode == 0, stopped.stderr
+    wait_until(lambda: not any(pid_alive(pid) for pid in workers))
+    assert find_listener(port) is None
+
+
+def _two_free_ports() -> int:
+    """A port P with P + 1 free too (the recipe's workers take base_port and the next)."""
+    while True:
+        base = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", base + 1))
+            except OSError:
+                continue
+        return base
+
+
+def pid_of_worker(state: Path, port: int) -> int:
+    return json.loads((state / f"worker-{port}.pid").read_text())["pid"]
