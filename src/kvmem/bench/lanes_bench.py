@@ -196,7 +196,7 @@ def run(ns: argparse.Namespace) -> int:
     try:
         measure(lanes, 1, min(16, ns.gen_tokens))  # warm-up (graph allocation)
         results = []
-        for n in stderr_bar(ns.progress_bar, counts, desc="lanes", unit="case"):
+        for n in stderr_bar(ns.progress_bar, iterable=counts, desc="lanes", unit="case"):
             results.append(measure(lanes, n, ns.gen_tokens))
             logger.info("%d lanes: %.1f tok/s", n, results[-1]["aggregate_tok_s"])
         baseline = measure_baseline(lanes, counts, ns.gen_tokens) if ns.baseline else []
