@@ -11,12 +11,18 @@ import llama_cpp
 import numpy as np
 from llama_cpp import mtmd_cpp as mtmd
 
+from kvmem.engine.llama.rpc import model_devices
+
 
 class MtmdReference:
     def __init__(self, model_path: str, mmproj: str, n_ctx: int = 2048) -> None:
-        self.model = llama_cpp.llama_model_load_from_file(
-            model_path.encode(), llama_cpp.llama_model_default_params()
-        )
+        params = llama_cpp.llama_model_default_params()
+        # once a test registered RPC workers in this process (test_rpc_engine), llama.cpp's
+        # default device list holds theirs too: name the local devices, as the engine does
+        self._devices = model_devices(())
+        if self._devices is not None:
+            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+        self.model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)
         p = llama_cpp.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch = n_ctx, 512, 128
         p.n_threads = p.n_threads_batch = 2
