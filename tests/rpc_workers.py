@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from kvmem.settings.rpc_endpoints import RpcEndpoint
+from tests.server.conftest import free_port
 
 WITHOUT_RPC_ENV = "KVMEM_BUILD_WITHOUT_RPC"
 START_TIMEOUT_S = 60.0
@@ -32,12 +33,6 @@ def require_rpc() -> None:
     if os.environ.get(WITHOUT_RPC_ENV) == "1":
         pytest.skip(f"{WITHOUT_RPC_ENV}=1: this llama-cpp-python build has no RPC backend")
     pytest.fail(f"{NO_RPC_MESSAGE} (or set {WITHOUT_RPC_ENV}=1 to skip the RPC tests)")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -66,7 +61,7 @@ def _accepting(endpoint: RpcEndpoint) -> bool:
 def start_workers(n: int, log_dir: Path, threads: int = 1) -> list[Worker]:
     workers = []
     for _ in range(n):
-        endpoint = RpcEndpoint("127.0.0.1", _free_port())
+        endpoint = RpcEndpoint("127.0.0.1", free_port())
         log_path = log_dir / f"rpc-worker-{endpoint.port}.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
