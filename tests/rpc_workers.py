@@ -65,7 +65,7 @@ def start_workers(n: int, log_dir: Path, threads: int = 1) -> list[Worker]:
         log_path = log_dir / f"rpc-worker-{endpoint.port}.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "kvmem.cli.rpc_worker", "--port", str(endpoint.port)]
+                [sys.executable, "-m", "kvmem.console.rpc_worker", "--port", str(endpoint.port)]
                 + ["-t", str(threads)],
                 stdout=log,
                 stderr=subprocess.STDOUT,

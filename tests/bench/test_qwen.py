@@ -49,7 +49,7 @@ def test_cli_loads_qwen_by_name_and_answers(qwen_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "kvmem.cli.chat_cli",
+            "kvmem.console.chat",
             "-m",
             "qwen-0.5b",
             "-ngl",

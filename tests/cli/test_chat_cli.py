@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from kvmem.cli import chat_cli
+from kvmem.console import chat
 from kvmem.engine.llama import model as model_module
 
 
@@ -73,7 +74,7 @@ def no_model_load(monkeypatch):
 )
 def test_invalid_flags_fail_before_loading(args, message, capsys, no_model_load):
     prompt = [] if "-f" in args else ["-p", "hi"]
-    rc = chat_cli.main([*prompt, *args])
+    rc = chat.main([*prompt, *args])
     err = capsys.readouterr().err
     assert rc == 2
     assert message in err
@@ -90,7 +91,7 @@ def test_valid_quantized_pairs_are_accepted(no_model_load):
 
 def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "kvmem.cli.chat_cli", *args],
+        [sys.executable, "-m", "kvmem.console.chat", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -175,7 +176,7 @@ def test_chat_at_the_context_drops_the_oldest_turns_and_goes_on(tmp_path):
     questions = [f"Question {i}: name one color of the rainbow." for i in range(4)]
     stdin = "\n".join([*questions, "", f"/save {save}", "/exit"]) + "\n"  # "": no command
     run = subprocess.run(
-        [sys.executable, "-m", "kvmem.cli.chat_cli", "-i", "-c", "160", "-n", "16"]
+        [sys.executable, "-m", "kvmem.console.chat", "-i", "-c", "160", "-n", "16"]
         + ["--ignore-eos", "--temp", "0", "--no-kvmem", "-t", "1"],
         input=stdin,
         capture_output=True,

@@ -57,7 +57,7 @@ class Pane:
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is needed for a real terminal")
 def test_interactive_chat_banner_help_and_ctrl_c(tmp_path: Path) -> None:
     status, saved = tmp_path / "status", tmp_path / "chat.json"
-    cli = [sys.executable, "-m", "kvmem.cli.chat_cli", "-i", "--temp", "0", "-n", "400"]
+    cli = [sys.executable, "-m", "kvmem.console.chat", "-i", "--temp", "0", "-n", "400"]
     pane = Pane(f"{shlex.join(cli)}; echo $? > {status}")
     try:
         text = pane.wait_for("Ctrl-C stops a reply.")

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from kvmem.cli import chat_cli
+from kvmem.console import chat
 from kvmem.engine.llama import model as model_module
 from kvmem.spec_config import SpecType
 
@@ -38,7 +39,7 @@ def no_model_load(monkeypatch):
     ],
 )
 def test_invalid_spec_flags_fail_before_loading(args, message, capsys, no_model_load):
-    rc = chat_cli.main(["-p", "hi", *args])
+    rc = chat.main(["-p", "hi", *args])
     err = capsys.readouterr().err
     assert rc == 2, err
     assert message in err
@@ -62,7 +63,7 @@ CODE = (
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "kvmem.cli.chat_cli", *args],
+        [sys.executable, "-m", "kvmem.console.chat", *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -355,18 +355,7 @@ def test_only_the_app_imports_the_routers_and_the_flow_imports_no_router() -> No
     assert all(not (graph[m] & {f"{SERVER}.app"}) for m in state_and_flow)
 
 
-# circles still to remove (issue 27): two bench pairs
-PENDING_CIRCLES = (
-    ("kvmem.bench.needle_agent", "kvmem.bench.needle_data"),
-    ("kvmem.bench.heatmap", "kvmem.bench.needle"),
-)
 WALLED_FROM_SESSION = ("kvmem.engine.transfer", "kvmem.engine.hybrid", "kvmem.engine.query")
-# the CLI's engine imports still to go: the settings records (settings-decl moves them out
-# of the engine), kvmem-cli's runner, which loads a model, and the RPC worker
-CLI_ENGINE_PENDING = {
-    "kvmem.cli.chat_runner": "kvmem.engine.engine",
-    "kvmem.cli.rpc_worker": "kvmem.engine.llama.rpc",  # starts ggml's RPC server in-process
-}
 
 
 def _module_graph() -> dict[str, set[str]]:
@@ -437,7 +426,7 @@ def test_circle_finder_sees_a_circle_through_type_hints() -> None:
 
 def test_no_import_circle_in_any_package() -> None:
     circles = _circles(_module_graph())
-    assert [c for c in circles if c not in PENDING_CIRCLES] == []
+    assert circles == []
 
 
 def test_transfer_hybrid_and_query_never_reach_the_session() -> None:
@@ -465,9 +454,7 @@ def test_cli_imports_no_engine() -> None:
         for name in _imports(path):
             if not _within(name, "kvmem.engine") or _within(name, "kvmem.engine.settings"):
                 continue  # the settings records: settings-decl moves them out of the engine
-            pending = CLI_ENGINE_PENDING.get(module)
-            if pending is None or not _within(name, pending):
-                bad.append(f"{module} imports {name}")
+            bad.append(f"{module} imports {name}")
     assert bad == []
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kvmem.cli import rpc_worker
 from kvmem.cli.chat_cli import build_parser, settings_from_args
 from kvmem.cli.server_config import load_server_settings
+from kvmem.console import rpc_worker
 from kvmem.engine.settings import GpuPlacement
 from kvmem.errors import ConfigError
 from kvmem.launch.main import main as launch_main
@@ -76,7 +76,7 @@ def test_worker_warns_when_bound_beyond_loopback(
         held.bind(("0.0.0.0", 0))
         held.listen(1)
         port = held.getsockname()[1]
-        with caplog.at_level(logging.WARNING, logger="kvmem.cli.rpc_worker"):
+        with caplog.at_level(logging.WARNING, logger="kvmem.console.rpc_worker"):
             assert rpc_worker.main(["--host", "0.0.0.0", "--port", str(port)]) == 1
     assert [r.getMessage() for r in caplog.records] == [
         f"listening on 0.0.0.0:{port}: the RPC protocol has no authentication; anyone who "
@@ -110,7 +110,7 @@ def test_launch_dry_run_plans_workers_then_the_server(
         monkeypatch.delenv(name, raising=False)
     assert launch_main(["rpc-smollm2", "--dry-run"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    worker = [sys.executable, "-m", "kvmem.cli.rpc_worker", "--host", "127.0.0.1", "--port"]
+    worker = [sys.executable, "-m", "kvmem.console.rpc_worker", "--host", "127.0.0.1", "--port"]
     assert [w["argv"] for w in plan["workers"]] == [
         [*worker, "50052", "-t", "1"],
         [*worker, "50053", "-t", "1"],

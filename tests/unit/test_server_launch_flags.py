@@ -288,7 +288,7 @@ def test_threads_http_sets_the_worker_thread_limit(
 def test_cli_checks_the_same_before_loading(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kvmem.cli.chat_cli import main as cli_main
+    from kvmem.console.chat import main as cli_main
 
     assert cli_main(["-m", str(tmp_path), "-p", "x"]) == 2
     assert capsys.readouterr().err == (

@@ -4,15 +4,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from kvmem.bench.needle import NeedleResult
-
 logger = logging.getLogger(__name__)
+
+
+class NeedleResult(Protocol):
+    """What a heatmap reads of one case's result (bench.needle.NeedleResult)."""
+
+    @property
+    def method(self) -> Enum: ...
+    @property
+    def kind(self) -> Enum: ...
+    @property
+    def layout(self) -> Enum: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def depth(self) -> float: ...
+    @property
+    def correct(self) -> bool: ...
 
 
 def accuracy_grid(

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvmem.bench.conversation import Message, Role, ToolCall
+from kvmem.bench.haystack import tool_rounds
 
 SYSTEM_PROMPT = (
     "You are a coding agent working in a software repository. Use the tools to complete "
@@ -105,8 +106,6 @@ def agent_loop_case(
 ) -> AgentLoop:
     """The agent-loop conversation of about `length` tokens with `needles` at their depths
     (among the lines of the tool results before the last round)."""
-    from kvmem.bench.needle_data import tool_rounds
-
     vault = target_vault or "deploy"
     task = _TASK.format(keys=_ONE_KEY if target_vault is None else _MANY_KEYS)
     locked = _LOCKED.format(

@@ -22,6 +22,7 @@ from typing import Any
 
 from kvmem.bench import content
 from kvmem.bench.conversation import Message, Role
+from kvmem.bench.haystack import MARKUP_TOKENS, insert_needles, tool_rounds
 from kvmem.errors import ConfigError
 
 SYSTEM_PROMPT = "You are a helpful assistant."
@@ -38,7 +39,6 @@ _TOOLS_TASK = (
 _ACK = "I have read the document."
 RAW_QUESTION = "\n\nQuestion: {question}\nAnswer:"
 _TOOLS_ACK = "I have gone through the tool results."
-_MARKUP_TOKENS = 6  # chat markup per message: <|im_start|>role\n ... <|im_end|>\n
 _N_DISTRACTORS = 3
 
 
@@ -125,7 +125,7 @@ def build_case(spec: NeedleSpec, count_tokens: Callable[[str], int]) -> NeedleCa
         _DOCUMENT_INTRO if spec.layout is not Layout.TOOLS else _TOOLS_TASK,
         _ACK if spec.layout is not Layout.TOOLS else _TOOLS_ACK,
     ]
-    overhead = sum(count_tokens(text) for text in fixed) + 5 * _MARKUP_TOKENS
+    overhead = sum(count_tokens(text) for text in fixed) + 5 * MARKUP_TOKENS
     budget = max(64, spec.length - overhead)
     if spec.layout is Layout.RAW:
         document = _document_messages(hay_rng, budget, needles, count_tokens, question)[1]
@@ -137,17 +137,6 @@ def build_case(spec: NeedleSpec, count_tokens: Callable[[str], int]) -> NeedleCa
     return NeedleCase(
         spec=spec, messages=messages, expected=key, answer_prefix=prefix, needle=needle
     )
-
-
-def _insert(units: list[str], needles: list[tuple[float, str]]) -> list[str]:
-    """Insert each needle before the unit at round(depth * len(units)); stable for ties."""
-    out = list(units)
-    placed = sorted(
-        ((round(d * len(units)), i, text) for i, (d, text) in enumerate(needles)), reverse=True
-    )
-    for index, _, text in placed:
-        out.insert(index, text)
-    return out
 
 
 def _document_messages(
@@ -163,62 +152,13 @@ def _document_messages(
         sentence = content.filler_sentence(rng)
         sentences.append(sentence)
         used += count_tokens(" " + sentence)
-    document = " ".join(_insert(sentences, needles))
+    document = " ".join(insert_needles(sentences, needles))
     return [
         Message(Role.SYSTEM, SYSTEM_PROMPT),
         Message(Role.USER, _DOCUMENT_INTRO + document),
         Message(Role.ASSISTANT, _ACK),
         Message(Role.USER, question),
     ]
-
-
-def tool_rounds(
-    rng: random.Random,
-    budget: int,
-    needles: list[tuple[float, str]],
-    count_tokens: Callable[[str], int],
-    render_call: Callable[[str, str, str], str],
-    round_markup: int = 2 * _MARKUP_TOKENS,
-    trim: bool = False,
-) -> list[tuple[str, str, str, list[str]]]:
-    """Rounds of (tool name, argument name, argument, result lines) filling `budget` tokens, with the
-    needles inserted as lines of the results at their depths. `render_call(name, key,
-    input)` is the call's text as the prompt shows it (for counting). With `trim`, lines
-    are dropped from the end of the last result while the rounds still fill the budget
-    (results are up to ~1K tokens, so without it a prompt can overshoot by that much)."""
-    actions: list[tuple[str, str, str]] = []
-    results: list[list[str]] = []
-    used = sum(count_tokens(text + "\n") for _, text in needles)
-    kind = 0
-    while used < budget:
-        kind += 1
-        action = _tool_action(rng, kind)
-        lines = content.tool_output(rng, kind, rng.randrange(8, 20)).split("\n")
-        used += (
-            count_tokens(render_call(*action))
-            + sum(count_tokens(line + "\n") for line in lines)
-            + round_markup
-        )
-        actions.append(action)
-        results.append(lines)
-    while trim and results and len(results[-1]) > 1:
-        cost = count_tokens(results[-1][-1] + "\n")
-        if used - cost < budget:
-            break
-        used -= cost
-        results[-1].pop()
-    flat = [(r, line) for r, lines in enumerate(results) for line in lines]
-    marked = _insert([f"{r}\x00{line}" for r, line in flat], needles)
-    regrouped: list[list[str]] = [[] for _ in results]
-    last_round = 0
-    for unit in marked:
-        round_text, sep, line = unit.partition("\x00")
-        if sep:
-            last_round = int(round_text)
-            regrouped[last_round].append(line)
-        else:  # a needle: joins the round of the line before it (or the first round)
-            regrouped[last_round].append(unit)
-    return [(*action, lines) for action, lines in zip(actions, regrouped, strict=True)]
 
 
 def _tool_messages(
@@ -240,18 +180,6 @@ def _tool_messages(
     messages.append(Message(Role.ASSISTANT, _TOOLS_ACK))
     messages.append(Message(Role.USER, question))
     return messages
-
-
-def _tool_action(rng: random.Random, kind: int) -> tuple[str, str, str]:
-    """(tool name, argument name, argument) of the round's call."""
-    kind %= 4
-    if kind == 0:
-        return "run_command", "command", f"tail -n 20 logs/{rng.choice(content.SERVICES)}.log"
-    if kind == 1:
-        return "query_db", "sql", f"SELECT * FROM orders LIMIT {rng.randrange(5, 30)}"
-    if kind == 2:
-        return "read_file", "path", f"src/{rng.choice(content.NOUNS)}_service.py"
-    return "read_file", "path", f"docs/{rng.choice(content.NOUNS)}.txt"
 
 
 def _tool_call_text(name: str, _key: str, arg: str) -> str:

@@ -59,7 +59,7 @@ def _start_workers(n: int, base_port: int, threads: int, log_dir: Path) -> list[
     for i in range(n):
         port = base_port + i
         log = (log_dir / f"rpc-worker-{port}.log").open("wb")
-        argv = [sys.executable, "-m", "kvmem.cli.rpc_worker", "--port", str(port)]
+        argv = [sys.executable, "-m", "kvmem.console.rpc_worker", "--port", str(port)]
         procs.append(
             subprocess.Popen([*argv, "-t", str(threads)], stdout=log, stderr=subprocess.STDOUT)
         )

@@ -12,10 +12,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
-from collections.abc import Sequence
 
-from kvmem.errors import ConfigError, KVMemError
+from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
 from kvmem.settings.flag import Program
 from kvmem.settings.values import MAX_THREADS
@@ -108,41 +106,3 @@ def settings_from_args(ns: argparse.Namespace):
     )
     settings.validate()
     return settings
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        ns = build_parser().parse_args(argv)
-        settings = settings_from_args(ns)
-        from kvmem.gguf.model_path import resolve_model_path
-
-        resolve_model_path(settings.model_path)
-    except ConfigError as exc:
-        print(f"kvmem-cli: error: {exc}", file=sys.stderr)
-        return 2
-    except KVMemError as exc:
-        print(f"kvmem-cli: error: {exc}", file=sys.stderr)
-        return 1
-    logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, stream=sys.stderr)
-    if not ns.verbose:
-        logging.getLogger("llama_cpp.native").setLevel(logging.ERROR)
-    from .chat_runner import ChatRunner
-
-    try:
-        runner = ChatRunner(ns, settings)
-    except KVMemError as exc:
-        print(f"kvmem-cli: error: {exc}", file=sys.stderr)
-        return 1
-    try:
-        return runner.run()
-    except KVMemError as exc:
-        print(f"\nkvmem-cli: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        runner.close()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""`kvmem-rpc-worker`: lend this machine's devices to a kvmem-server over llama.cpp's RPC.
+"""`kvmem-rpc-worker`'s flags: lend this machine's devices to a kvmem-server over llama.cpp's RPC.
 
 The worker is llama.cpp's own RPC server (`ggml_backend_rpc_start_server`, as its
 `rpc-server` tool calls it), serving the local GPUs, or the CPU where there are none. A
@@ -16,8 +16,7 @@ import logging
 import os
 import socket
 import sys
-import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvmem.errors import ConfigError, KVMemError
 from kvmem.settings.rpc_endpoints import DEFAULT_PORT, LOOPBACK, RpcEndpoint
@@ -85,25 +84,12 @@ def check_port_free(endpoint: RpcEndpoint) -> None:
             ) from None
 
 
-def serve(endpoint: RpcEndpoint, cache_dir: str | None, n_threads: int) -> None:
-    """Start llama.cpp's RPC server on a daemon thread and wait for it (or Ctrl-C)."""
-    from kvmem.engine.llama.rpc import NO_RPC_MESSAGE, rpc_library
-    from kvmem.errors import RpcUnavailableError
-
-    library = rpc_library()
-    if not library.available:
-        raise RpcUnavailableError(NO_RPC_MESSAGE)
-    if cache_dir is not None:
-        os.makedirs(cache_dir, exist_ok=True)
-    thread = threading.Thread(
-        target=library.start_server, args=(endpoint, cache_dir, n_threads), daemon=True
-    )
-    thread.start()
-    thread.join()  # the server only returns when it could not start or stopped accepting
-    raise RpcUnavailableError(f"the RPC server on {endpoint} stopped (see its message above)")
+Serve = Callable[[RpcEndpoint, str | None, int], None]  # kvmem.engine.llama.rpc.serve_worker
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run(argv: Sequence[str] | None, serve: Serve) -> int:
+    """kvmem-rpc-worker's flags and checks, then `serve` (kvmem.console.rpc_worker passes
+    llama.cpp's RPC server): its exit status."""
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(message)s")
     endpoint = RpcEndpoint(ns.host, ns.port)
@@ -122,7 +108,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

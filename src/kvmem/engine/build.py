@@ -3,7 +3,8 @@
 `Engine` loads the model and the stores; what runs a turn is assembled here, from its
 parts: the main context (with the query capture's callback unless a scoring context
 reads the query), the scoring context, the vision projector, the MTP draft context, and
-per conversation a `KVMemSession` over them.
+per conversation a `KVMemSession` over its `SessionParts` (block table, store, window,
+query source, recurrent hook, decode steps).
 """
 
 from __future__ import annotations
@@ -12,20 +13,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvmem.config import KVMemConfig, QuerySource
-from kvmem.memory.host_store import BlockStore
+from kvmem.memory.block_table import BlockTable
+from kvmem.memory.host_store import BlockStore, HostStore
+from kvmem.memory.query_rows import QueryRows
 from kvmem.memory.retrieval_index import RetrievalIndex
 from kvmem.spec_config import SpecConfig
 
+from .hybrid.recurrent_hook import NullRecurrent, RecurrentHook
+from .hybrid.replay_ssm import ReplaySSM
 from .llama.context import ContextSettings, LlamaContext
 from .llama.model import LlamaModel
 from .media.media import VisionProjector
+from .query.query_cache import QueryCache
 from .query.query_capture import QueryCapture
+from .query.query_source import query_source
 from .query.scoring_context import ScoringContext
+from .session.ahead import AheadParts
+from .session.decode import ChunkRunner
+from .session.parts import SessionParts
 from .session.session import KVMemSession
+from .session.spec_target import SpecTarget
+from .session.turn_plan import ChunkGrid
+from .session.window import GpuWindow
 from .settings import EngineSettings
 from .spec.mtp_draft import MtpDrafter
 from .spec.spec_decode import spec_decoder
 from .trace import Tracer
+from .transfer.kv_transfer import KVTransfer
 
 
 @dataclass(slots=True)
@@ -40,7 +54,7 @@ class Contexts:
 
 
 @dataclass(slots=True)
-class SessionParts:
+class EngineParts:
     """What every session of one engine shares."""
 
     contexts: Contexts
@@ -99,20 +113,48 @@ def build_contexts(
 
 
 def build_session(
-    parts: SessionParts, index: RetrievalIndex | None, store: BlockStore | None
+    parts: EngineParts, index: RetrievalIndex | None, store: BlockStore | None
 ) -> KVMemSession:
     """One conversation's session: its own block table, window, store and index."""
-    contexts = parts.contexts
-    return KVMemSession(
-        contexts.ctx,
-        parts.config,
-        parts.n_ctx,
-        index,
-        contexts.main_capture,
-        parts.tracer,
-        parts.is_eog,
+    return KVMemSession(session_parts(parts, index, HostStore() if store is None else store))
+
+
+def session_parts(
+    parts: EngineParts, index: RetrievalIndex | None, store: BlockStore
+) -> SessionParts:
+    """The parts of one session over the engine's contexts (capture and scoring only with
+    KVMem on; a window of `--kvmem-gpu-tokens` cells, or the whole context without)."""
+    c, config = parts.contexts, parts.config
+    ctx, on = c.ctx, config.enabled
+    table = BlockTable(config.block_tokens)
+    capacity = min(config.gpu_cells, ctx.n_cells) if on else ctx.n_cells
+    transfer = KVTransfer(ctx, table, store, index, parts.staging_bytes)
+    window = GpuWindow(ctx, table, transfer, index, config, capacity, parts.tracer)
+    grid = ChunkGrid.of(config, ctx.n_batch, capacity)
+    queries, rows = QueryCache(), QueryRows()
+    capture, scoring = (c.main_capture, c.scoring) if on else (None, None)
+    source = query_source(c.main_capture, c.scoring, rows, queries, config, transfer.profile)
+    ssm: RecurrentHook = ReplaySSM(ctx) if ctx.model.is_hybrid else NullRecurrent()
+    return SessionParts(
+        ctx=ctx,
+        config=config,
+        n_ctx=parts.n_ctx,
+        tracer=parts.tracer,
+        is_eog=parts.is_eog,
+        table=table,
         store=store,
-        staging_bytes=parts.staging_bytes,
-        spec=spec_decoder(parts.spec, contexts.mtp),
-        scoring=contexts.scoring,
+        index=index,
+        capture=capture,
+        scoring=scoring,
+        transfer=transfer,
+        window=window,
+        grid=grid,
+        queries=queries,
+        rows=rows,
+        source=source,
+        ssm=ssm,
+        spec=spec_decoder(parts.spec, c.mtp),
+        spec_target=SpecTarget(ctx, parts.n_ctx, table, window, on),
+        ahead=AheadParts(scoring, config, queries, window, table, index, grid, ssm.active),
+        runner=ChunkRunner(ctx, table, window, capture, ssm, on, grid, transfer.profile),
     )

@@ -6,7 +6,6 @@ This is what the chat layer, the server, the CLI and the benchmarks call.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -18,13 +17,11 @@ from kvmem.errors import ConfigError, InvalidRequestError
 from kvmem.gguf.model_path import resolve_model_path
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
-from kvmem.memory.rope import k_rotation_size
 from kvmem.memory.spans import PromptSpans
 from kvmem.memory.tiered_store import MIB
 from kvmem.sampling import SamplingParams
 
-from .build import SessionParts, build_contexts, build_session
-from .llama.llama_lib import ggml_base
+from .build import EngineParts, build_contexts, build_session
 from .llama.model import LlamaModel, ModelInfo
 from .llama.sampler import Sampler
 from .media.media import VisionProjector
@@ -32,8 +29,8 @@ from .persist.conversation_disk import ConversationDisk
 from .persist.conversations import ConversationPool
 from .persist.session_persist import SessionPersister, open_tiered_store, store_fingerprint
 from .query.background_index import BackgroundIndex
-from .query.query_capture import QueryCapture, capture_staging
 from .query.scoring_context import ScoringContext
+from .retrieval_parts import background_index, retrieval_parts
 from .session.session import KVMemSession
 from .session.window import TokenSpan
 from .settings import EngineSettings
@@ -78,8 +75,9 @@ class Engine:
         n_ctx = settings.n_ctx or train_ctx
         self.info: ModelInfo = self.model.describe(n_ctx)
         cells = min(kv.gpu_cells, n_ctx) if kv.enabled else n_ctx
-        self.key_geometry: KeyGeometry | None = None
-        index, capture = self._retrieval_parts()
+        retrieval = retrieval_parts(settings, self.info)
+        self.key_geometry: KeyGeometry | None = retrieval.geometry
+        index, capture = retrieval.index, retrieval.capture
         self._capture = capture
         contexts = build_contexts(self.model, settings, cells, capture)
         self.ctx = contexts.ctx
@@ -87,7 +85,7 @@ class Engine:
         self.scoring: ScoringContext | None = contexts.scoring
         self.vision: VisionProjector | None = contexts.vision
         self.mtp: MtpDrafter | None = contexts.mtp
-        self._parts = SessionParts(
+        self._parts = EngineParts(
             contexts, kv, n_ctx, self.tracer, self.is_eog, settings.staging_bytes, settings.spec
         )
         store = self.disk_store  # (a TieredStore is falsy while empty: compare with None)
@@ -141,8 +139,7 @@ class Engine:
         kv, index = self.settings.kvmem, None
         if self.key_geometry is not None and kv.method is RetrievalMethod.RETRIEVAL:
             layers = kv.score_layers or default_score_layers(self.info.n_layer)
-            workers = max(1, min(4, (os.cpu_count() or 2) // 4))
-            index = BackgroundIndex(self.key_geometry, layers, workers)
+            index = background_index(self.key_geometry, layers)
         store = self.conv_disk.open_store(slot) if self.conv_disk is not None else None
         session = build_session(self._parts, index, store)
         self._meter_network(session)
@@ -169,41 +166,6 @@ class Engine:
         fingerprint = self._fingerprint(index)
         self.persister = SessionPersister(self.session, self.disk_store, fingerprint, self.tracer)
         self.persister.load()
-
-    def _retrieval_parts(self) -> tuple[RetrievalIndex | None, QueryCapture | None]:
-        kv, info = self.settings.kvmem, self.info
-        if not kv.enabled:
-            return None, None
-        if not self.settings.query_capture:
-            logger.info("no eval callback on the main context: the window is recency")
-            return None, None
-        if info.rope is None:
-            logger.warning("rope type not supported for scoring: falling back to recency")
-            return None, None
-        layers = kv.score_layers or default_score_layers(info.n_layer)
-        if any(layer >= info.n_layer for layer in layers):
-            raise ConfigError("--kvmem-score-layers", f"the model has {info.n_layer} layers")
-        k_type = self.settings.cache_types.k
-        rotation = 0
-        if k_type.is_quantized and os.environ.get("LLAMA_ATTN_ROT_DISABLE", "0") in ("", "0"):
-            rotation = k_rotation_size(info.head_dim)
-        geometry = KeyGeometry(
-            n_layer=info.n_layer,
-            n_head_kv=info.n_head_kv,
-            head_dim=info.head_dim,
-            k_type=k_type,
-            rope=info.rope,
-            k_rotation=rotation,
-        )
-        self.key_geometry = geometry
-        # recency captures too (for coverage)
-        capture = QueryCapture(
-            ggml_base(), layers, gate=self.settings.eval_gate, staging=capture_staging()
-        )
-        if kv.method is not RetrievalMethod.RETRIEVAL:
-            return None, capture  # recency needs no block summaries
-        workers = max(1, min(4, (os.cpu_count() or 2) // 4))
-        return BackgroundIndex(geometry, layers, workers), capture
 
     # text ------------------------------------------------------------------------------
     def tokenize(
@@ -345,17 +307,7 @@ class Engine:
         if self.conv_disk is not None:
             stores = list(self.conv_disk.stores.values())
         if stores:
-            st = self.stats
-            st.tier_ram_hits = sum(s.tier.ram_hits for s in stores)
-            st.tier_ram_misses = sum(s.tier.ram_misses for s in stores)
-            st.tier_ram_bytes = sum(s.ram_bytes for s in stores)
-            st.tier_ram_blocks = sum(s.ram_blocks for s in stores)
-            st.tier_disk_bytes = sum(s.disk_bytes for s in stores)
-            st.tier_disk_blocks = sum(s.disk_blocks for s in stores)
-            st.tier_disk_read_bytes = sum(s.tier.disk_read_bytes for s in stores)
-            st.tier_disk_write_bytes = sum(s.tier.disk_write_bytes for s in stores)
-            st.tier_write_failures = sum(s.tier.write_failures for s in stores)
-            st.tier_degraded = int(any(s.degraded is not None for s in stores))
+            self.stats.set_tiers(stores)
 
     def _account_stores(self) -> None:
         sessions = [c.session for c in self.pool.conversations] if self.pool else [self.session]

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import TextIO
+
+from kvmem.memory.tiered_store import TieredStore
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +158,19 @@ class EngineStats:
         for f in fields(turn):
             if f.name in names and f.name != "turns":
                 setattr(self, f.name, getattr(self, f.name) + getattr(turn, f.name))
+
+    def set_tiers(self, stores: Sequence[TieredStore]) -> None:
+        """The tiered stores' totals (--kvmem-disk-dir: one store, or one per conversation)."""
+        self.tier_ram_hits = sum(s.tier.ram_hits for s in stores)
+        self.tier_ram_misses = sum(s.tier.ram_misses for s in stores)
+        self.tier_ram_bytes = sum(s.ram_bytes for s in stores)
+        self.tier_ram_blocks = sum(s.ram_blocks for s in stores)
+        self.tier_disk_bytes = sum(s.disk_bytes for s in stores)
+        self.tier_disk_blocks = sum(s.disk_blocks for s in stores)
+        self.tier_disk_read_bytes = sum(s.tier.disk_read_bytes for s in stores)
+        self.tier_disk_write_bytes = sum(s.tier.disk_write_bytes for s in stores)
+        self.tier_write_failures = sum(s.tier.write_failures for s in stores)
+        self.tier_degraded = int(any(s.degraded is not None for s in stores))
 
 
 class Tracer:

@@ -23,7 +23,7 @@ from kvmem.launch.listener import find_listener
 from kvmem.launch.service import LaunchRefused, ServiceFiles, Started, read_ours, stop
 from kvmem.settings.rpc_endpoints import LOOPBACK, RpcEndpoint
 
-WORKER_MODULE = "kvmem.cli.rpc_worker"
+WORKER_MODULE = "kvmem.console.rpc_worker"
 MAX_WORKERS = 16  # GGML_RPC_MAX_SERVERS
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -239,3 +240,18 @@ def watch_workers(on_lost: Callable[[str], None]) -> None:
 
     _abort_hook = hook
     rpc_library().set_abort_callback(hook)
+
+
+def serve_worker(endpoint: RpcEndpoint, cache_dir: str | None, n_threads: int) -> None:
+    """Start llama.cpp's RPC server on a daemon thread and wait for it (or Ctrl-C)."""
+    library = rpc_library()
+    if not library.available:
+        raise RpcUnavailableError(NO_RPC_MESSAGE)
+    if cache_dir is not None:
+        os.makedirs(cache_dir, exist_ok=True)
+    thread = threading.Thread(
+        target=library.start_server, args=(endpoint, cache_dir, n_threads), daemon=True
+    )
+    thread.start()
+    thread.join()  # the server only returns when it could not start or stopped accepting
+    raise RpcUnavailableError(f"the RPC server on {endpoint} stopped (see its message above)")

@@ -18,7 +18,8 @@ from ..query.query_cache import QueryCache
 from ..query.scoring_context import ScoringContext
 from ..trace import TurnStats
 from .turn_plan import ChunkGrid, TurnPlan
-from .window import GpuWindow, StreamAt
+from .window import GpuWindow
+from .window_plans import StreamAt
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ from ..query.query_cache import SpanRows
 from ..trace import TurnStats
 from ..transfer.transfer_profile import TransferPath
 from .decode import ChunkRunner
+from .window_plans import StreamAt
 
 
 def prefill_chunks(
@@ -39,7 +40,8 @@ def prefill_chunks(
         runner.check_cancel()
         if runner.bounded:
             room = window.capacity - grid.chunk_tokens
-            stats.add(window.stream_to(pos, spans, room, grid.stream_grid))
+            at = StreamAt(pos, spans, room, grid.stream_grid)
+            stats.add(window.apply_stream(window.plan_stream(at)))
         window.note_decode()
         live = [s for s in capture if pos < s.end and pos + len(chunk) > s.start]
         t_decode, net0 = time.perf_counter(), runner.profile.net_mark()

@@ -19,104 +19,45 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from kvmem.config import KVMemConfig
 from kvmem.errors import ContextLengthExceededError, InvalidRequestError, TurnCancelledError
-from kvmem.memory.block_table import BlockTable
-from kvmem.memory.host_store import BlockStore, HostStore
-from kvmem.memory.query_rows import QueryRows
-from kvmem.memory.retrieval_index import RetrievalIndex
 from kvmem.memory.scorer import QueryVectors
 from kvmem.memory.spans import PromptSpans, TokenSpan
 from kvmem.sampling import SamplingParams
 
-from ..hybrid.recurrent_hook import NullRecurrent, RecurrentHook
-from ..hybrid.replay_ssm import ReplaySSM
-from ..llama.context import LlamaContext
-from ..llama.host_staging import STAGING_BYTES
 from ..llama.sampler import Sampler
 from ..query.block_scores import BlockScores
-from ..query.query_cache import QueryCache, SpanRows
-from ..query.query_capture import QueryCapture
-from ..query.query_source import query_source
-from ..query.scoring_context import ScoringContext
-from ..spec.spec_decode import SpecDecoder
-from ..trace import FinishReason, PrefillProgress, TraceKind, Tracer, TurnStats
-from ..transfer.kv_transfer import KVTransfer
+from ..query.query_cache import SpanRows
+from ..trace import FinishReason, PrefillProgress, TraceKind, TurnStats
 from ..transfer.transfer_profile import TransferPath
-from .ahead import AheadParts, begin_ahead
-from .decode import ChunkRunner, decode_tokens
+from .ahead import begin_ahead
+from .decode import decode_tokens
+from .generation import Generation
+from .parts import SessionParts
 from .prefill import prefill_chunks
-from .spec_target import SpecTarget
-from .turn_plan import ChunkGrid, TurnInputs, TurnPlan, plan_turn
+from .turn_plan import TurnInputs, TurnPlan, plan_turn
 from .turn_trace import trace_gen, trace_prefill, trace_query
-from .window import GpuWindow
 
 logger = logging.getLogger(__name__)
 
 
 class KVMemSession:
-    def __init__(
-        self,
-        ctx: LlamaContext,
-        config: KVMemConfig,
-        n_ctx: int,
-        index: RetrievalIndex | None,
-        capture: QueryCapture | None,
-        tracer: Tracer,
-        is_eog,
-        store: BlockStore | None = None,  # the block store; None: a RAM HostStore
-        staging_bytes: int = STAGING_BYTES,  # the transfers' reused blob buffer; 0 = none
-        spec: SpecDecoder | None = None,  # speculative decoding (spec_decode.py)
-        scoring: ScoringContext | None = None,  # --kvmem-query-source scoring
-    ) -> None:
-        self.ctx = ctx
-        self.config = config
-        self.n_ctx = n_ctx
-        self.table = BlockTable(config.block_tokens)
-        self.store = HostStore() if store is None else store
-        self.index = index
-        self.capture = capture if config.enabled else None  # on the main context
-        self.scoring = scoring if config.enabled else None  # or on a context of its own
-        self.tracer = tracer
-        self._is_eog = is_eog
-        capacity = min(config.gpu_cells, ctx.n_cells) if config.enabled else ctx.n_cells
-        self.transfer = KVTransfer(ctx, self.table, self.store, index, staging_bytes)
-        self.window = GpuWindow(ctx, self.table, self.transfer, index, config, capacity, tracer)
-        self.grid = ChunkGrid.of(config, ctx.n_batch, capacity)
+    """One conversation's turns over its parts (built by engine/build.py)."""
+
+    def __init__(self, parts: SessionParts) -> None:
+        self.parts = parts
+        self.ctx, self.config, self.n_ctx = parts.ctx, parts.config, parts.n_ctx
+        self.table, self.store, self.index = parts.table, parts.store, parts.index
+        self.capture, self.scoring = parts.capture, parts.scoring
+        self.tracer, self.transfer, self.window = parts.tracer, parts.transfer, parts.window
+        self.grid, self.queries, self.rows = parts.grid, parts.queries, parts.rows
+        self.source, self.ssm, self.spec = parts.source, parts.ssm, parts.spec
+        self.spec_target, self.ahead, self.runner = parts.spec_target, parts.ahead, parts.runner
         self.last_query: QueryVectors | None = None
-        self.queries = QueryCache()  # the vectors of recent query spans
-        self.rows = QueryRows()  # the main context's query rows, by position (query_rows.py)
-        self.source = query_source(
-            capture, scoring, self.rows, self.queries, config, self.transfer.profile
-        )
         self.frontier: int | None = None  # first position whose KV saw a chosen window
         self.force_spans: tuple[TokenSpan, ...] = ()  # oracle: spans every plan must hold
         self.last_turn = TurnStats()
         self.live_turn: TurnStats | None = None  # the turn being run (read by live timings)
         self._progress: Callable[[PrefillProgress], None] | None = None  # this turn's prefill
-        self.ssm: RecurrentHook = ReplaySSM(ctx) if ctx.model.is_hybrid else NullRecurrent()
-        self.spec = spec
-        self.spec_target = SpecTarget(ctx, n_ctx, self.table, self.window, config.enabled)
-        self.ahead = AheadParts(
-            self.scoring,
-            config,
-            self.queries,
-            self.window,
-            self.table,
-            index,
-            self.grid,
-            self.ssm.active,
-        )
-        self.runner = ChunkRunner(
-            ctx,
-            self.table,
-            self.window,
-            self.capture,
-            self.ssm,
-            config.enabled,
-            self.grid,
-            self.transfer.profile,
-        )
 
     @property
     def chunk_tokens(self) -> int:
@@ -164,62 +105,18 @@ class KVMemSession:
         stats = self._start_turn(prompt)
         self._progress = progress  # told as the prefill starts and after each chunk
         sampler = Sampler(self.ctx.model.vocab, sampling, grammar, banned_tokens)
-        finish = FinishReason.STOP
-        t0: float | None = None  # decode time also counts when the consumer closes us early
+        gen = Generation(self.parts, self.spec, sampler, stats, max_tokens, cancel, logits_out)
         self.runner.cancel = cancel  # checked before each prefill/replay chunk
         try:
             self._prefill(prompt, PromptSpans.of(query), stats)
-            gen_start = self.table.n_tokens
-            t0 = time.perf_counter()
-            queue: list[int] = []  # tokens a draft verification emitted, not yet yielded
-            while True:
-                if cancel is not None and cancel.is_set():
-                    finish = FinishReason.CANCELLED
-                    break
-                token = queue.pop(0) if queue else self._sample(sampler, logits_out)
-                if self._is_eog(token):
-                    break
-                finish = FinishReason.CANCELLED  # if the consumer stops at this yield
-                yield token
-                stats.generated_tokens += 1
-                finish = FinishReason.STOP
-                if stats.generated_tokens == max_tokens or self.table.n_tokens + 1 >= self.n_ctx:
-                    finish = FinishReason.LENGTH
-                    break
-                if not queue:  # else an accepted draft token: its cell is in the cache
-                    queue = self._step(sampler, token, stats, gen_start, max_tokens, logits_out)
+            yield from gen.tokens()
         except TurnCancelledError:
-            finish = FinishReason.CANCELLED  # the GEN record says so; the caller sees the error
+            gen.finish = FinishReason.CANCELLED  # the GEN record says so; the caller sees it
             raise
         finally:
             self.runner.cancel, self._progress = None, None
             sampler.close()
-            self._finish(stats, len(prompt), finish, t0)
-
-    def _sample(self, sampler: Sampler, logits_out: list[np.ndarray] | None) -> int:
-        if logits_out is not None:
-            logits_out.append(self.ctx.logits(-1))
-        return sampler.sample(self.ctx.ptr, -1)
-
-    def _step(
-        self,
-        sampler: Sampler,
-        token: int,
-        stats: TurnStats,
-        gen_start: int,
-        max_tokens: int,
-        logits_out: list[np.ndarray] | None,
-    ) -> list[int]:
-        """Decode the token just sampled: plainly, or with drafts verified alongside (the
-        tokens that verification emitted)."""
-        if self.spec is None:
-            decode_tokens(self.runner, [token], stats, gen_start=gen_start)
-            return []
-        left = -1 if max_tokens < 0 else max_tokens - stats.generated_tokens
-        target = self.spec_target
-        return self.spec.step(
-            target, sampler, token, stats, gen_start, left, logits_out, self._is_eog
-        )
+            self._finish(stats, len(prompt), gen.finish, gen.t0)
 
     def teacher_force(
         self,
@@ -388,7 +285,7 @@ class KVMemSession:
         t0 = time.perf_counter()
         start = self.ssm.rewind_to(start)
         tokens = list(self.table.tokens[start:])
-        stats.add(self.window.truncate(start, keep_window=True).moves)
+        stats.add(self.window.apply_cut(self.window.plan_cut(start, keep_window=True)))
         self.rows.truncate(start)  # the tail's rows from here see the new window
         decode_tokens(self.runner, tokens, stats)
         stats.replayed_tokens += len(tokens)
@@ -398,8 +295,8 @@ class KVMemSession:
     def _truncate(self, n_keep: int, stats: TurnStats) -> None:
         """Forget history from `n_keep` on (a divergence, or the frontier)."""
         stats.truncated_tokens += self.table.n_tokens - n_keep
-        cut = self.window.truncate(n_keep, keep_window=False)
-        stats.add(cut.moves)
+        cut = self.window.plan_cut(n_keep, keep_window=False)
+        stats.add(self.window.apply_cut(cut))
         self.rows.truncate(n_keep)
         self.tracer.emit(TraceKind.TRUNCATE, keep=n_keep, dropped_blocks=cut.dropped)
 

@@ -12,14 +12,13 @@ from typing import Any
 from kvmem.chat.detokenize import IncrementalDetokenizer
 from kvmem.chat.prompt import PromptTokens, build_prompt_tokens
 from kvmem.chat.template import ChatTemplate
+from kvmem.cli.chat_commands import reply_room, save_conversation, switch_trace, too_long
+from kvmem.cli.progress_bar import PromptBar
 from kvmem.engine.engine import Engine
 from kvmem.engine.settings import EngineSettings
 from kvmem.errors import ConfigError, TurnCancelledError
 from kvmem.memory.spans import TokenSpan
 from kvmem.sampling import SamplingParams
-
-from .chat_commands import reply_room, save_conversation, switch_trace, too_long
-from .progress_bar import PromptBar
 
 HELP = """commands:
   /help          this list

@@ -1,0 +1,163 @@
+"""The residency writes of one session's GPU window: the blocks on the GPU, their cell
+positions, the blocks waiting to be harvested, and the copies between GPU and host store.
+
+`GpuWindow` (window.py) adds the plans; it is the only class that calls these writes
+during a turn. Invariant: every complete block is on the GPU or in the host store, and
+the open (partial) tail block is on the GPU. Complete blocks wait on the GPU, at their
+own positions, until `--kvmem-harvest-tokens` of them are waiting, then go to the host
+in one state read; they are harvested before any of them is evicted or moved, and at
+every `flush` (a plan, the end of a turn).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from kvmem.config import KVMemConfig
+from kvmem.memory.block_table import BlockTable
+from kvmem.memory.layout import PositionMode
+from kvmem.memory.planner import PlannerConfig, RetrievalMethod, WindowPlan
+from kvmem.memory.retrieval_index import RetrievalIndex
+from kvmem.memory.spans import TokenSpan
+
+from ..llama.context import LlamaContext
+from ..trace import Moves, Tracer
+from ..transfer.kv_transfer import KVTransfer
+from .window_plans import planner_config
+
+logger = logging.getLogger(__name__)
+
+
+class WindowResidency:
+    """Where every block of one session is, and the moves that change it."""
+
+    def __init__(
+        self,
+        ctx: LlamaContext,
+        table: BlockTable,
+        transfer: KVTransfer,
+        index: RetrievalIndex | None,
+        config: KVMemConfig,
+        capacity: int,
+        tracer: Tracer,
+    ) -> None:
+        self.ctx = ctx
+        self.table = table
+        self.transfer = transfer
+        self.index = index
+        self.config = config
+        self.capacity = capacity
+        self.tracer = tracer
+        self.last_plan: WindowPlan | None = None
+        self.peak_cells = 0
+        self.moved: dict[int, int] = {}  # GPU block -> first position, when not its own
+        self._seen: dict[int, int] = {}  # complete block -> start, as the last decode saw them
+        self._groups: tuple[TokenSpan, ...] = ()  # the prompt's image groups (spans.groups)
+        self.waiting: list[int] = []  # complete GPU blocks not yet harvested, ascending
+        self.positions = config.positions
+        if self.positions is not PositionMode.ORIGINAL and not ctx.can_shift:
+            logger.warning("this model's cache cannot shift positions: blocks stay in place")
+            self.positions = PositionMode.ORIGINAL
+
+    # accounting ------------------------------------------------------------------------
+    def start(self, block_id: int) -> int:
+        """First context position of a GPU block's cells."""
+        return self.moved.get(block_id, block_id * self.table.block_tokens)
+
+    def cells_used(self) -> int:
+        t = self.table
+        open_tokens = t.n_tokens - t.n_complete_blocks * t.block_tokens
+        return len(t.gpu_blocks()) * t.block_tokens + open_tokens
+
+    def note_peak(self) -> None:
+        self.peak_cells = max(self.peak_cells, self.cells_used())
+
+    def note_decode(self) -> None:
+        """Remember the window the next decoded tokens see (for the replay decision)."""
+        done = self.table.n_complete_blocks
+        self._seen = {b: self.start(b) for b in self.table.gpu_blocks() if b < done}
+
+    def planner_config(self, method: RetrievalMethod | None = None) -> PlannerConfig:
+        return planner_config(self.config, method)
+
+    # residency writes ------------------------------------------------------------------
+    def append(self, tokens: Sequence[int]) -> Moves:
+        """Tokens were decoded at the end of the history: record them; harvest the blocks
+        waiting once they reach `--kvmem-harvest-tokens`."""
+        done = self.table.append(tokens)
+        self.table.mark_on_gpu(done)
+        moves = Moves()
+        if self.config.enabled and done:
+            self.waiting += done
+            if len(self.waiting) * self.table.block_tokens >= self.config.harvest_tokens:
+                moves = self.harvest()
+        self.note_peak()
+        return moves
+
+    def harvest(self) -> Moves:
+        """Copy the complete blocks waiting on the GPU to the host store, in one state read
+        (their copy-out may still run: `flush` waits for it)."""
+        if not self.waiting:
+            return Moves()
+        res = self.transfer.harvest(self.waiting)
+        self.waiting = []
+        self.table.mark_in_host(res.block_ids)
+        return Moves(harvested_blocks=res.blocks, harvested_bytes=res.bytes, harvest_ms=res.ms)
+
+    def flush(self) -> Moves:
+        """Every complete block in the host store and the index: those waiting harvested,
+        the copy-outs landed."""
+        moves = self.harvest()
+        self.transfer.flush()
+        return moves
+
+    def evict(self, block_ids: Sequence[int]) -> Moves:
+        """Remove blocks from the GPU (harvesting first, when one of them still waits);
+        the evictions themselves are counted by the caller's plan."""
+        if not block_ids:
+            return Moves()
+        moves = Moves()
+        if self.waiting and not set(block_ids).isdisjoint(self.waiting):
+            moves = self.harvest()
+        self.transfer.evict({b: self.start(b) for b in block_ids})
+        for b in block_ids:
+            self.moved.pop(b, None)
+        self.table.mark_off_gpu(block_ids)
+        return moves
+
+    def restore(self, starts: dict[int, int]) -> Moves:
+        """Copy host blocks in at `starts` (block id -> first position)."""
+        if not starts:
+            return Moves()
+        res = self.transfer.restore(sorted(starts), starts)
+        bt = self.table.block_tokens
+        for b in res.block_ids:
+            if starts[b] != b * bt:
+                self.moved[b] = starts[b]
+        self.table.mark_on_gpu(res.block_ids)
+        return Moves(
+            stage_in_blocks=res.blocks,
+            stage_in_bytes=res.bytes,
+            restore_ms=res.ms,
+            built_ahead_blocks=res.built_ahead,
+        )
+
+    def reset(self) -> None:
+        """The context was cleared: no block is on the GPU any more."""
+        self.table.mark_off_gpu(self.table.gpu_blocks())
+        self.moved.clear()
+        self._seen.clear()
+        self.waiting = []  # their cells went with the context
+        self.last_plan = None
+
+    def adopt(self, tokens: Sequence[int], host_blocks: Sequence[int]) -> None:
+        """History loaded from a store: its complete blocks are in the host store only."""
+        self.table.append(tokens)
+        self.table.mark_in_host(host_blocks)
+
+    def restore_own(self, block_ids: Sequence[int]) -> Moves:
+        """Copy host blocks in at their own positions (those not on the GPU already)."""
+        bt = self.table.block_tokens
+        wanted = [b for b in block_ids if not self.table.is_on_gpu(b)]
+        return self.restore({b: b * bt for b in wanted})

@@ -1,0 +1,124 @@
+"""The window's stream, room and cut plans: pure, from the block table alone (no llama_cpp)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvmem.config import KVMemConfig
+from kvmem.engine.session.window_plans import (
+    NO_ROOM_NEEDED,
+    StreamAt,
+    plan_cut,
+    plan_room_for,
+    plan_stream,
+)
+from kvmem.errors import KVTransferError
+from kvmem.memory.block_table import BlockTable
+from kvmem.memory.spans import PromptSpans
+
+BT = 16
+CONFIG = KVMemConfig(block_tokens=BT, budget=64)  # stream tier: 32 tokens, 2 blocks
+NO_SPANS = PromptSpans()
+
+
+def _table(n_tokens: int, gpu: list[int], host: list[int] | None = None) -> BlockTable:
+    table = BlockTable(BT)
+    table.append(list(range(n_tokens)))
+    table.mark_on_gpu(gpu)
+    table.mark_in_host(range(table.n_complete_blocks) if host is None else host)
+    return table
+
+
+def test_stream_keeps_the_sink_and_the_newest_blocks() -> None:
+    table = _table(164, gpu=[0, 1, 2, 3, 4, 5, 6, 7, 9, 10])
+    plan = plan_stream(table, {}, CONFIG, StreamAt(160, NO_SPANS, room=64, grid=32))
+    assert plan.position == 160
+    assert plan.evict == (1, 2, 3, 4, 5, 6, 7)
+    assert plan.stage_in == (8,)
+
+
+def test_stream_restores_a_moved_block_at_its_own_positions() -> None:
+    table = _table(164, gpu=[0, 8, 9, 10])
+    plan = plan_stream(table, {9: 32}, CONFIG, StreamAt(160, NO_SPANS, room=64, grid=32))
+    assert plan.evict == (9,)
+    assert plan.stage_in == (9,)
+
+
+def test_stream_mid_chunk_keeps_the_chunk_so_far() -> None:
+    # position 176 is mid-chunk on a 32-token grid: the chunk started at 160 (block 10)
+    table = _table(180, gpu=[0, 3, 8, 9, 10, 11])
+    plan = plan_stream(table, {}, CONFIG, StreamAt(176, NO_SPANS, room=64, grid=32))
+    assert plan.evict == (3,)
+    assert plan.stage_in == ()
+
+
+def test_stream_with_room_for_everything_keeps_every_block() -> None:
+    table = _table(68, gpu=[1, 4])
+    plan = plan_stream(table, {}, CONFIG, StreamAt(64, NO_SPANS, room=128, grid=32))
+    assert plan.evict == ()
+    assert plan.stage_in == (0, 2, 3)
+
+
+def test_room_not_needed_is_the_empty_choice() -> None:
+    table = _table(164, gpu=list(range(11)))
+    assert plan_room_for(table, 164, 200, 16, None, None, ()) is NO_ROOM_NEEDED
+    assert NO_ROOM_NEEDED.victims == ()
+
+
+def test_room_spills_this_generations_oldest_blocks_first() -> None:
+    table = _table(164, gpu=list(range(11)))
+    one = plan_room_for(table, 164, 170, 16, 100, None, ())
+    assert (one.room.spilled, one.room.evicted, one.spill) == ((6,), (), True)
+    three = plan_room_for(table, 164, 170, 40, 100, None, ())
+    assert three.victims == (6, 7, 8)
+
+
+def test_room_outside_generation_evicts_the_oldest_block() -> None:
+    table = _table(164, gpu=list(range(11)))
+    choice = plan_room_for(table, 164, 170, 16, None, None, ())
+    assert (choice.room.spilled, choice.room.evicted, choice.spill) == ((), (0,), False)
+
+
+def test_room_without_an_evictable_block_fails() -> None:
+    table = _table(164, gpu=[9, 10])  # the newest complete block and the open one stay
+    with pytest.raises(KVTransferError, match="cannot free 20 KV cells"):
+        plan_room_for(table, 20, 20, 20, None, None, ())
+
+
+def test_cut_evicts_moved_blocks_and_restores_the_partial_block() -> None:
+    table = _table(164, gpu=[0, 1, 3, 9, 10])
+    plan = plan_cut(table, {3: 100}, 40, keep_window=False)
+    assert plan.evict == (3,)
+    assert plan.restore == 2  # 40 is mid-block 2, which is in the host store only
+    assert plan.dropped == (2, 3, 4, 5, 6, 7, 8, 9, 10)
+
+
+def test_cut_restores_a_moved_partial_block_it_evicts() -> None:
+    table = _table(164, gpu=[0, 1, 2, 9, 10])
+    plan = plan_cut(table, {2: 16}, 40, keep_window=False)
+    assert (plan.evict, plan.restore) == ((2,), 2)
+
+
+def test_cut_on_a_block_boundary_restores_nothing() -> None:
+    table = _table(164, gpu=[0, 1, 9, 10])
+    plan = plan_cut(table, {}, 32, keep_window=False)
+    assert (plan.evict, plan.restore, plan.dropped) == ((), None, tuple(range(2, 11)))
+
+
+def test_cut_at_the_end_drops_nothing() -> None:
+    table = _table(164, gpu=list(range(11)))
+    plan = plan_cut(table, {}, 164, keep_window=False)
+    assert (plan.evict, plan.restore, plan.dropped) == ((), None, ())
+
+
+def test_replay_cut_keeps_moved_blocks_before_it() -> None:
+    table = _table(164, gpu=[0, 1, 2, 9, 10])
+    plan = plan_cut(table, {1: 0}, 120, keep_window=True)
+    assert (plan.evict, plan.restore) == ((), 7)
+    assert plan.dropped == (7, 8, 9, 10)
+
+
+def test_replay_cut_refuses_a_moved_block_at_or_after_it() -> None:
+    table = _table(164, gpu=[0, 1, 9, 10])
+    with pytest.raises(KVTransferError, match="a moved block holds cells at or after 40"):
+        plan_cut(table, {1: 32}, 40, keep_window=True)
