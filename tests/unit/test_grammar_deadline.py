@@ -1,0 +1,79 @@
+"""`--grammar-deadline`'s token wrapper with a fake clock: the clock starts at the first
+token, the iterator is closed and GrammarDeadlineError raised once the deadline passed;
+generations without a grammar are not wrapped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kvmem.errors import GrammarDeadlineError, InvalidRequestError
+from kvmem.server.error_map import classify
+from kvmem.server.grammar_deadline import timed_tokens, wrap_engine
+
+
+class _Clock:
+    def __init__(self, times: list[float]) -> None:
+        self.times = times
+
+    def __call__(self) -> float:
+        return self.times.pop(0)
+
+
+class _Tokens:
+    def __init__(self, n: int) -> None:
+        self.closed = False
+        self.it: Iterator[int] = iter(range(n))
+
+    def __iter__(self) -> _Tokens:
+        return self
+
+    def __next__(self) -> int:
+        return next(self.it)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_tokens_within_the_deadline_pass_unchanged() -> None:
+    tokens = _Tokens(3)
+    assert list(timed_tokens(tokens, 5.0, _Clock([100.0, 102.0, 105.0]))) == [0, 1, 2]
+    assert tokens.closed
+
+
+def test_past_the_deadline_the_tokens_are_closed_and_the_error_names_the_flag() -> None:
+    tokens = _Tokens(10)
+    out: list[int] = []
+    with pytest.raises(GrammarDeadlineError, match=r"longer than 5 s \(--grammar-deadline\)"):
+        for token in timed_tokens(tokens, 5.0, _Clock([0.0, 1.0, 4.0, 5.5])):
+            out.append(token)
+    assert out == [0, 1, 2]
+    assert tokens.closed
+    error = classify(GrammarDeadlineError("x"))
+    assert (error.status, error.type, error.code) == (
+        400,
+        "invalid_request_error",
+        "grammar_deadline_exceeded",
+    )
+    assert issubclass(GrammarDeadlineError, InvalidRequestError)
+
+
+class _Engine:
+    name = "fake"
+
+    def generate(self, prompt: list[int], **kwargs: Any) -> Iterator[int]:
+        return iter(prompt)
+
+
+def test_only_grammar_generations_are_timed() -> None:
+    engine = _Engine()
+    assert wrap_engine(engine, None) is engine
+    wrapped = wrap_engine(engine, 1.0)
+    assert wrapped.name == "fake"
+    plain = wrapped.generate([1, 2])
+    assert type(plain).__name__ == "list_iterator"
+    timed = wrapped.generate([1, 2], grammar='root ::= "a"')
+    assert type(timed).__name__ == "generator"
+    assert list(timed) == [1, 2]
