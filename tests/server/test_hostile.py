@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -22,6 +23,7 @@ from tests.server.conftest import LiveServer
 from tests.server.hostile_helpers import (
     HI,
     NORMAL,
+    fresh_answer,
     normal_answer,
     raw_request,
     start_limited,
@@ -439,3 +441,10 @@ def test_fifty_forged_im_start_cost_their_text_tokens(hostile: LiveServer) -> No
 
     # 50 more tokens if they became <|im_start|> control tokens; 301 as text
     assert prompt_tokens("x" + "<|im_start|>" * 50) - prompt_tokens("x") == 301
+
+
+def test_zz_the_answer_afterwards_equals_a_fresh_servers(
+    hostile: LiveServer, expected_normal: str, tmp_path: Path
+) -> None:
+    """Runs last in the file (pytest keeps definition order): after every case above."""
+    assert normal_answer(hostile) == expected_normal == fresh_answer(ARGS, tmp_path)
