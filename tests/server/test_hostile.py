@@ -6,7 +6,6 @@ and that the server still answers a normal request correctly afterwards.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import selectors
@@ -291,15 +290,18 @@ def _get_health_from(source: str, port: int) -> bytes:
 
 
 def _closed_now(socks: list[socket.socket], wait_s: float) -> set[int]:
-    """Indexes of the sockets the server has closed (EOF readable within `wait_s`)."""
+    """Indexes of the sockets the server has closed (EOF or reset within `wait_s`)."""
     closed: set[int] = set()
     with selectors.DefaultSelector() as sel:
         for i, sock in enumerate(socks):
             sel.register(sock, selectors.EVENT_READ, i)
         for key, _ in sel.select(wait_s):
-            with contextlib.suppress(ConnectionResetError):
-                if key.fileobj.recv(1) == b"":  # type: ignore[union-attr]
-                    closed.add(key.data)
+            try:
+                gone = key.fileobj.recv(1) == b""  # type: ignore[union-attr]
+            except ConnectionResetError:  # closed with its unread request bytes
+                gone = True
+            if gone:
+                closed.add(key.data)
     return closed
 
 
