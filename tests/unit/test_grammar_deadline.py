@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from kvmem.errors import GrammarDeadlineError, InvalidRequestError
+from kvmem.cli.server_config import load_server_settings
+from kvmem.errors import ConfigError, GrammarDeadlineError, InvalidRequestError
 from kvmem.server.error_map import classify
 from kvmem.server.grammar_deadline import timed_tokens, wrap_engine
 
@@ -77,3 +78,18 @@ def test_only_grammar_generations_are_timed() -> None:
     timed = wrapped.generate([1, 2], grammar='root ::= "a"')
     assert type(timed).__name__ == "generator"
     assert list(timed) == [1, 2]
+
+
+def test_the_flags_reach_the_settings() -> None:
+    limits = load_server_settings([], {})[0].limits
+    assert (limits.grammar_deadline_s, limits.max_connections_per_client) == (60.0, None)
+    limits = load_server_settings(
+        ["--grammar-deadline", "0", "--max-connections-per-client", "8"], {}
+    )[0].limits
+    assert (limits.grammar_deadline_s, limits.max_connections_per_client) == (None, 8)
+    assert (
+        load_server_settings(["--grammar-deadline", "2.5"], {})[0].limits.grammar_deadline_s == 2.5
+    )
+    for bad in (["--grammar-deadline", "-1"], ["--max-connections-per-client", "0"]):
+        with pytest.raises(ConfigError):
+            load_server_settings(bad, {})
