@@ -93,3 +93,11 @@ def test_the_flags_reach_the_settings() -> None:
     for bad in (["--grammar-deadline", "-1"], ["--max-connections-per-client", "0"]):
         with pytest.raises(ConfigError):
             load_server_settings(bad, {})
+
+
+def test_a_requests_grammar_segments_share_one_clock() -> None:
+    shared: list[float] = []
+    assert list(timed_tokens(_Tokens(2), 5.0, _Clock([10.0, 12.0]), shared)) == [0, 1]
+    assert shared == [10.0]
+    with pytest.raises(GrammarDeadlineError):
+        list(timed_tokens(_Tokens(2), 5.0, _Clock([14.0, 15.5]), shared))

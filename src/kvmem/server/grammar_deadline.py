@@ -4,9 +4,9 @@ that many seconds.
 llama.cpp's grammar sampler cannot be interrupted inside a call, and some grammars that
 pass the checks (kvmem.chat.grammar_check) still cost much per token (a large enum with a
 long shared prefix, alternations of deep `$ref`s). The checks bound one token's work;
-this bounds the request's. The clock starts at the first token of a `generate` call that
-carries a grammar (the prompt's processing is not grammar work) and is read after every
-token: past the deadline the engine's iterator is closed (the session keeps the tokens
+this bounds the request's. The clock starts at the first token of the request's first
+`generate` call that carries a grammar (the prompt's processing is not grammar work; a
+turn's later grammar segments share the clock) and is read after every token: past the deadline the engine's iterator is closed (the session keeps the tokens
 made so far, like a client that left) and GrammarDeadlineError ends the request, a 400
 `grammar_deadline_exceeded` before the response starts or the stream's terminal error
 event after. The lane is then free for the next job. The engine is wrapped here, in the
@@ -31,13 +31,15 @@ def wrap_engine(engine: Any, deadline_s: float | None) -> Any:
 
 
 class _DeadlineEngine:
-    """The engine; `generate` with a grammar is timed, everything else passes through."""
+    """The engine for one request; `generate` with a grammar is timed (one clock for all
+    the request's grammar segments), everything else passes through."""
 
-    __slots__ = ("_engine", "_deadline_s")
+    __slots__ = ("_engine", "_deadline_s", "_started")
 
     def __init__(self, engine: Any, deadline_s: float) -> None:
         self._engine = engine
         self._deadline_s = deadline_s
+        self._started: list[float] = []  # the first grammar token's time, once there is one
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -46,22 +48,26 @@ class _DeadlineEngine:
         tokens = self._engine.generate(prompt, **kwargs)
         if not kwargs.get("grammar"):
             return tokens
-        return timed_tokens(tokens, self._deadline_s)
+        return timed_tokens(tokens, self._deadline_s, started=self._started)
 
 
 def timed_tokens(
-    tokens: Iterator[int], deadline_s: float, clock: Any = time.monotonic
+    tokens: Iterator[int],
+    deadline_s: float,
+    clock: Any = time.monotonic,
+    started: list[float] | None = None,
 ) -> Iterator[int]:
     """`tokens`, raising GrammarDeadlineError (after closing them) once `deadline_s`
-    seconds have passed since the first one."""
-    started: float | None = None
+    seconds have passed since the first one (or since `started[0]`, a clock shared by
+    several calls)."""
+    started = [] if started is None else started
     count = 0
     try:
         for token in tokens:
             now = clock()
-            if started is None:
-                started = now
-            elif now - started > deadline_s:
+            if not started:
+                started.append(now)
+            elif now - started[0] > deadline_s:
                 logger.info(
                     "a grammar-constrained generation passed its deadline after %d tokens "
                     "(%g s, --grammar-deadline)",
