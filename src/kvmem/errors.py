@@ -64,6 +64,11 @@ class InvalidRequestError(KVMemError):
         self.param = param
 
 
+class GrammarDeadlineError(InvalidRequestError):
+    """A grammar- or schema-constrained generation ran past `--grammar-deadline` seconds
+    (kvmem.server.grammar_deadline): it ended between two tokens and its lane is free."""
+
+
 class NotFoundError(KVMemError):
     """A request names an object the server does not have (a stored response id)."""
 

@@ -24,6 +24,16 @@ def normal_answer(server: LiveServer) -> str:
     return r.json()["choices"][0]["message"]["content"]
 
 
+def fresh_answer(args: Sequence[str], log_dir: Path) -> str:
+    """The greedy answer to NORMAL of a fresh server with `args` (started and stopped):
+    a server that took hostile cases must still give it."""
+    fresh = start_limited(args, log_dir)
+    try:
+        return normal_answer(fresh)
+    finally:
+        assert fresh.stop() == 0, fresh.log()[-3000:]
+
+
 def _limit_address_space() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT))
 

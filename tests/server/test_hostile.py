@@ -6,13 +6,14 @@ and that the server still answers a normal request correctly afterwards.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
+import selectors
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,6 +22,7 @@ from tests.server.conftest import LiveServer
 from tests.server.hostile_helpers import (
     HI,
     NORMAL,
+    fresh_answer,
     normal_answer,
     raw_request,
     start_limited,
@@ -33,6 +35,7 @@ GOOD_ORIGIN = "http://good.example"
 HEADER_TIMEOUT_S = 3
 BODY_TIMEOUT_S = 3
 MAX_CONNECTIONS = 520
+PER_CLIENT = 250
 ARGS = (
     "-c",
     "2048",
@@ -49,6 +52,8 @@ ARGS = (
     GOOD_ORIGIN,
     "--max-connections",
     str(MAX_CONNECTIONS),
+    "--max-connections-per-client",
+    str(PER_CLIENT),
     "-lv",
     "4",
 )
@@ -274,7 +279,36 @@ def test_client_leaving_mid_body_logs_nothing_unexpected(hostile: LiveServer) ->
     assert httpx.get(hostile.base_url + "/health", timeout=5).status_code == 200
 
 
+def _get_health_from(source: str, port: int) -> bytes:
+    """GET /health on a connection from the local address `source` (another client)."""
+    with socket.socket() as sock:
+        sock.bind((source, 0))
+        sock.settimeout(5)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        return sock.recv(200)
+
+
+def _closed_now(socks: list[socket.socket], wait_s: float) -> set[int]:
+    """Indexes of the sockets the server has closed (EOF or reset within `wait_s`)."""
+    closed: set[int] = set()
+    with selectors.DefaultSelector() as sel:
+        for i, sock in enumerate(socks):
+            sel.register(sock, selectors.EVENT_READ, i)
+        for key, _ in sel.select(wait_s):
+            try:
+                gone = key.fileobj.recv(1) == b""  # type: ignore[union-attr]
+            except ConnectionResetError:  # closed with its unread request bytes
+                gone = True
+            if gone:
+                closed.add(key.data)
+    return closed
+
+
 def test_slow_clients_cannot_starve_health(hostile: LiveServer) -> None:
+    """500 slow sockets of one client: past its share (--max-connections-per-client 250)
+    each new connection closes that client's oldest idle one, so its own /health and
+    another client's are answered within 1 s; the rest close at --header-timeout."""
     socks = []
     try:
         for i in range(500):
@@ -286,18 +320,16 @@ def test_slow_clients_cannot_starve_health(hostile: LiveServer) -> None:
         t0 = time.monotonic()
         r = httpx.get(hostile.base_url + "/health", timeout=10)
         assert r.status_code == 200
-        assert time.monotonic() - t0 < 2.0
-        extra = [socket.create_connection(("127.0.0.1", hostile.port)) for _ in range(40)]
-        refused = 0
-        for sock in extra:
-            sock.settimeout(1.0)
-            with contextlib.suppress(TimeoutError, ConnectionResetError):
-                refused += sock.recv(1) == b""
-            sock.close()
-        # 500 held + at most a few others: past --max-connections new ones close at once
-        assert 40 - (MAX_CONNECTIONS - 500) <= refused < 40
-        closed = 0
-        for sock in socks:
+        assert time.monotonic() - t0 < 1.0
+        t0 = time.monotonic()
+        assert _get_health_from("127.0.0.2", hostile.port).startswith(b"HTTP/1.1 200 OK")
+        assert time.monotonic() - t0 < 1.0
+        evicted = _closed_now(socks, 0.5)
+        assert time.monotonic() - opened < HEADER_TIMEOUT_S  # before any header timeout
+        # the client's oldest connections made room: 500 + /health - 250 of them
+        assert evicted == set(range(len(evicted))) and len(evicted) >= 500 - PER_CLIENT, evicted
+        closed = len(evicted)
+        for sock in socks[closed:]:
             sock.settimeout(max(0.1, opened + HEADER_TIMEOUT_S + 5 - time.monotonic()))
             try:
                 if sock.recv(1) == b"":
@@ -411,3 +443,10 @@ def test_fifty_forged_im_start_cost_their_text_tokens(hostile: LiveServer) -> No
 
     # 50 more tokens if they became <|im_start|> control tokens; 301 as text
     assert prompt_tokens("x" + "<|im_start|>" * 50) - prompt_tokens("x") == 301
+
+
+def test_zz_the_answer_afterwards_equals_a_fresh_servers(
+    hostile: LiveServer, expected_normal: str, tmp_path: Path
+) -> None:
+    """Runs last in the file (pytest keeps definition order): after every case above."""
+    assert normal_answer(hostile) == expected_normal == fresh_answer(ARGS, tmp_path)

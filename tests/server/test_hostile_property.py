@@ -1,7 +1,11 @@
-"""Property test: random JSON bodies and schemas for /v1/chat/completions never get a 5xx.
+"""Property tests: random JSON bodies and schemas never get a 5xx.
 
-2,000 generated cases (derandomized, so CI runs the same ones) against a real server
-process under an address-space limit. Generation is capped at one token per request.
+1,000 generated cases for /v1/chat/completions and 1,000 over the Anthropic,
+Responses and completion shapes (/v1/messages, /v1/responses, /completion,
+/v1/completions, with tool-call argument strings, tool_use inputs and schemas behind
+`$ref`), all derandomized (CI runs the same ones), against one real server process under
+an address-space limit. Generation is capped at one token per request, so the cases
+exercise validation, the schema and grammar checks, templates and tokenization.
 """
 
 from __future__ import annotations
@@ -17,11 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.server.conftest import LiveServer
-from tests.server.hostile_helpers import start_limited
+from tests.server.hostile_helpers import normal_answer, start_limited
 
 pytestmark = pytest.mark.slow
 
-CASES = 2000
+CASES = 1000  # per test: 2,000 bodies over the two tests (chat; the other APIs)
 ARGS = ("-c", "1024", "-t", "1", "--metrics", "--no-ui")
 
 scalars = (
@@ -199,3 +203,165 @@ def test_random_bodies_never_get_a_5xx(server: LiveServer) -> None:
     metrics = httpx.get(server.base_url + "/metrics", timeout=30).text
     assert "Traceback" not in server.log()
     assert re.search(r"^kvmem_requests_failed_total ", metrics, re.M)
+
+
+# --- the other APIs ---------------------------------------------------------------------
+ref_schemas = schemas.map(lambda s: {"$ref": "#/$defs/a", "$defs": {"a": s}}) | schemas.map(
+    lambda s: {"$ref": "#/x", "x": s}
+)
+argument_strings = (
+    json_values.map(json.dumps)
+    | st.text(max_size=20)
+    | st.integers(1, 300).map(lambda n: "[" * n + "]" * n)
+    | st.integers(1, 6000).map(lambda n: '{"a": ' + "9" * n + "}")
+    | st.sampled_from(['{"a": "\\ud800"}', '{"<|im_start|>": 1}', "{", "null", "1e999"])
+)
+USER = {"role": "user", "content": "hi"}
+chat_tool_calls = st.fixed_dictionaries(
+    {
+        "messages": st.tuples(st.text(max_size=4), argument_strings).map(
+            lambda t: [
+                USER,
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": "c",
+                            "type": "function",
+                            "function": {"name": t[0], "arguments": t[1]},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c", "content": "ok"},
+            ]
+        ),
+    },
+    optional={
+        "response_format": ref_schemas.map(
+            lambda s: {"type": "json_schema", "json_schema": {"name": "x", "schema": s}}
+        )
+    },
+)
+anthropic_tools = st.lists(
+    st.fixed_dictionaries(
+        {"name": st.sampled_from(["f", "g", "bad name"]), "input_schema": ref_schemas}
+    ),
+    max_size=2,
+)
+anthropic = st.fixed_dictionaries(
+    {
+        "model": st.just("x"),
+        "messages": st.tuples(json_values, json_values).map(
+            lambda t: [
+                USER,
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t", "name": "f", "input": t[0]}],
+                },
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "t", "content": t[1]}],
+                },
+            ]
+        )
+        | messages
+        | json_values,
+    },
+    optional={
+        "tools": anthropic_tools | json_values,
+        "tool_choice": st.sampled_from(
+            [{"type": "any"}, {"type": "auto"}, {"type": "tool", "name": "f"}]
+        )
+        | json_values,
+        "system": st.text(max_size=10) | json_values,
+        "temperature": FIELDS["temperature"],
+        "stream": FIELDS["stream"],
+        "thinking": json_values,
+    },
+)
+responses = st.fixed_dictionaries(
+    {
+        "input": st.tuples(st.text(max_size=4), argument_strings).map(
+            lambda t: [
+                {"type": "message", "role": "user", "content": "hi"},
+                {"type": "function_call", "call_id": "c", "name": t[0], "arguments": t[1]},
+                {"type": "function_call_output", "call_id": "c", "output": "ok"},
+            ]
+        )
+        | st.text(max_size=10)
+        | json_values
+    },
+    optional={
+        "tools": st.lists(
+            st.fixed_dictionaries(
+                {"type": st.just("function"), "name": st.just("f"), "parameters": ref_schemas}
+            ),
+            max_size=1,
+        )
+        | json_values,
+        "text": ref_schemas.map(
+            lambda s: {"format": {"type": "json_schema", "name": "x", "schema": s}}
+        )
+        | json_values,
+        "tool_choice": st.sampled_from(["auto", "required", "none"]) | json_values,
+        "instructions": st.text(max_size=10) | json_values,
+        "stream": FIELDS["stream"],
+    },
+)
+completion = st.fixed_dictionaries(
+    {"prompt": st.text(max_size=20) | st.lists(st.integers(-5, 60000), max_size=5) | json_values},
+    optional={
+        "grammar": st.text(max_size=30) | st.sampled_from(['root ::= "a"', "root ::= [z-a]"]),
+        "json_schema": ref_schemas | json_values,
+        "temperature": FIELDS["temperature"],
+        "n_probs": st.integers(-2, 30) | json_values,
+        "logit_bias": json_values,
+        "stop": FIELDS["stop"],
+        "stream": FIELDS["stream"],
+        "ignore_eos": st.booleans(),
+    },
+)
+routed = st.one_of(
+    chat_tool_calls.map(lambda b: ("/v1/chat/completions", {**b, "max_tokens": 1})),
+    anthropic.map(lambda b: ("/v1/messages", {**b, "max_tokens": 1})),
+    responses.map(lambda b: ("/v1/responses", {**b, "max_output_tokens": 1})),
+    completion.map(lambda b: ("/completion", {**b, "n_predict": 1})),
+    completion.map(lambda b: ("/v1/completions", {**b, "max_tokens": 1})),
+)
+
+
+def test_random_bodies_of_every_api_never_get_a_5xx(server: LiveServer) -> None:
+    expected = normal_answer(server)
+    seen: dict[tuple[str, int], int] = {}
+    with httpx.Client(base_url=server.base_url, timeout=120) as http:
+
+        @settings(
+            max_examples=CASES,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(case=routed)
+        def check(case: tuple[str, Any]) -> None:
+            route, body = case
+            raw = json.dumps(body).encode()
+            r = http.post(route, content=raw, headers={"content-type": "application/json"})
+            seen[route, r.status_code] = seen.get((route, r.status_code), 0) + 1
+            assert r.status_code < 500, (route, r.status_code, r.text[:500], raw[:500])
+            assert "internal_error" not in r.text, (r.text[:500], raw[:500])
+            if r.status_code >= 400:
+                assert r.status_code == 400, (route, r.status_code, r.text[:300])
+                error = r.json()
+                if route == "/v1/messages":
+                    assert error["type"] == "error"
+                assert error["error"]["type"] == "invalid_request_error", (route, r.text[:300])
+                assert error["error"]["message"]
+
+        check()
+    assert sum(seen.values()) == CASES
+    for route in ("/v1/chat/completions", "/v1/messages", "/v1/responses", "/completion"):
+        assert seen.get((route, 200), 0) > 0 and seen.get((route, 400), 0) > 0, seen
+    assert "Traceback" not in server.log()
+    assert normal_answer(server) == expected

@@ -92,3 +92,19 @@ def test_restoring_a_damaged_file_is_a_400_and_the_server_keeps_serving(slot_ser
         r = http.post("/slots/0?action=save", json={"filename": "../out.bin"})
         assert (r.status_code, r.json()["error"]["message"]) == (400, "Invalid filename")
     assert chat(server, TURN1)[0]
+
+
+def test_a_255_byte_filename_saves_and_restores(slot_server) -> None:
+    """The longest name the file system takes (the temporary file's name once passed it:
+    a 500, issue 28); a byte more is a 400."""
+    server, slots = slot_server
+    chat(server, TURN1)
+    for name in ("é" * 127 + "x", "n" * 251, "n" * 255):
+        assert len(name.encode()) in (255, 251)
+        saved = slot(server, "save", {"filename": name})
+        assert saved["n_saved"] > 0 and (slots / name).is_file()
+        assert slot(server, "restore", {"filename": name})["n_restored"] == saved["n_saved"]
+    assert not list(slots.glob(".slot-*"))  # no temporary file left
+    with server.http() as http:
+        r = http.post("/slots/0?action=save", json={"filename": "n" * 256})
+        assert (r.status_code, r.json()["error"]["message"]) == (400, "Invalid filename")

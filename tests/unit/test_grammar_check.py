@@ -89,6 +89,8 @@ BIG = "x" * 250_000
         ('root ::= "\\u12"', "expecting 4 hex chars at offset 10"),
         ('root ::= "a" ::= "b"', "expecting newline or end at offset 13"),
         ("root ::= *", "expecting preceding item to */+/?/{ at offset 9"),
+        ('root ::= ""?', "expecting preceding item to */+/?/{ at offset 11"),
+        ('root ::= "a" ""{2}', "expecting preceding item to */+/?/{ at offset 15"),
         ('root ::= "a"{x}', "expecting an int at offset 13"),
         ('root ::= "a"\x00', "it holds a NUL character"),
         (

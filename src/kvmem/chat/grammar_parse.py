@@ -201,7 +201,7 @@ class _Parser:
                 self.pos += 1
                 items.append(AnyChar())
             elif ch in ("*", "+", "?", "{"):
-                if not items:
+                if not items or items[-1] == Literal([]):  # "" adds no element to repeat
                     raise self.fail("expecting preceding item to */+/?/{")
                 items[-1] = self.repeat(items[-1], nested)
                 continue  # repeat() skipped the space after it

@@ -1,6 +1,6 @@
 """Resource bounds of kvmem-server (flags `--max-body-size`, `--header-timeout`,
 `--body-timeout`, `--keep-alive-timeout`, `--max-connections`, `-to/--timeout`,
-`--threads-http`, `--cors-*`, `--allowed-hosts`, declared on `ServerLimits`' fields) and the
+`--threads-http`, `--cors-*`, `--allowed-hosts`, `--grammar-deadline`, declared on `ServerLimits`' fields) and the
 parsers of their values."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 60.0
 DEFAULT_KEEP_ALIVE_TIMEOUT_S = 5.0
 DEFAULT_MAX_CONNECTIONS = 1000
+DEFAULT_GRAMMAR_DEADLINE_S = 60.0
 # -to/--timeout: llama-server's read/write timeout (3600 s there; 600 here, because a client
 # that stops reading its stream holds a lane for that long)
 DEFAULT_TIMEOUT_S = 600
@@ -52,6 +53,13 @@ def seconds(text: str) -> float:
     if not math.isfinite(value) or value <= 0 or value > 86400:
         raise argparse.ArgumentTypeError(f"{text!r} is out of range: must be in (0, 86400] s")
     return value
+
+
+def deadline_seconds(text: str) -> float | None:
+    """Seconds in (0, 86400], or 0: no deadline (None)."""
+    if text.strip() in ("0", "0.0"):
+        return None
+    return seconds(text)
 
 
 def host_names(text: str) -> tuple[str, ...]:
@@ -166,6 +174,19 @@ class ServerLimits:
         "before the connection is closed (its generation ends)",
         parse=int_in_range(1, 86400), flag_default=DEFAULT_TIMEOUT_S, to_field=float,
         env="LLAMA_ARG_TIMEOUT", metavar="N", dest="timeout", **_SERVER,
+    )  # fmt: skip
+    max_connections_per_client: int | None = setting(  # None: half of --max-connections
+        None, "--max-connections-per-client",
+        help="open connections of one client address; past it the client's oldest idle "
+        "connection is closed (or the new one, when none is idle)",
+        parse=int_in_range(1, 1_000_000), metavar="N", shown="half of --max-connections",
+        **_SERVER,
+    )  # fmt: skip
+    grammar_deadline_s: float | None = setting(  # None: no deadline
+        DEFAULT_GRAMMAR_DEADLINE_S, "--grammar-deadline",
+        help="seconds a grammar- or schema-constrained generation may run after its first "
+        "token before it is stopped with a 400 grammar_deadline_exceeded (0 = no deadline)",
+        parse=deadline_seconds, metavar="S", shown="60", dest="grammar_deadline", **_SERVER,
     )  # fmt: skip
     threads_http: int | None = setting(  # the worker-thread limit of blocking work; None: 40
         None, "--threads-http",

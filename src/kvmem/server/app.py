@@ -85,7 +85,12 @@ def create_app(
         return engine
 
     worker = EngineWorker(
-        load, settings.queue_size, metrics, on_ready=on_ready, on_failed=on_failed
+        load,
+        settings.queue_size,
+        metrics,
+        on_ready=on_ready,
+        on_failed=on_failed,
+        grammar_deadline_s=settings.limits.grammar_deadline_s,
     )
     state = ServerState(settings=settings, worker=worker, metrics=metrics)
     holder["state"] = state

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fastapi.responses import Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 
 from kvmem.chat.turn import TurnDone
@@ -38,6 +39,7 @@ from kvmem.server.state import ServerState
 from kvmem.server.worker import Job
 
 FINAL_EVENTS = (TurnDone, CompletionDone, SlotDone)
+THREAD_PARSE_BYTES = 256 * 1024
 
 
 async def read_body(request: Request) -> bytes:
@@ -50,8 +52,13 @@ async def read_body(request: Request) -> bytes:
 
 async def read_json(request: Request) -> Any:
     """The body parsed as JSON (depth, number-size and surrogate limits; a 400 when it is
-    not JSON); ClientGoneError when the client disconnected while sending it."""
-    return parse_json_body(await read_body(request))
+    not JSON); ClientGoneError when the client disconnected while sending it. A body of
+    THREAD_PARSE_BYTES or more is parsed and checked in a worker thread (seconds for a few
+    MB), so the event loop keeps answering /health."""
+    body = await read_body(request)
+    if len(body) < THREAD_PARSE_BYTES:
+        return parse_json_body(body)
+    return await run_in_threadpool(parse_json_body, body)
 
 
 def job_error(failed: JobFailed) -> KVMemError:

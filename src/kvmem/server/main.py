@@ -151,7 +151,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         lifespan="on",
         timeout_graceful_shutdown=5,
         timeout_keep_alive=max(1, round(limits.keep_alive_timeout_s)),
-        http=guarded_protocol(limits.header_timeout_s, max_connections, limits.write_timeout_s),
+        http=guarded_protocol(
+            limits.header_timeout_s,
+            max_connections,
+            limits.write_timeout_s,
+            per_client=limits.max_connections_per_client,
+        ),
         ws="none",
     )
     server = _Server(config, on_signal=lambda: app.state.kvmem.worker.cancel_all())

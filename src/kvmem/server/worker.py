@@ -36,6 +36,7 @@ from kvmem.server.channel import JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob
 from kvmem.server.completion_job import CompletionDone, CompletionJob, CompletionToken, StopType
 from kvmem.server.error_map import classify
+from kvmem.server.grammar_deadline import wrap_engine
 from kvmem.server.live_timings import TimingsSnapshot
 from kvmem.server.metrics import ServerMetrics
 from kvmem.server.slot_job import SlotJob
@@ -76,8 +77,10 @@ class EngineWorker:
         metrics: ServerMetrics,
         on_ready: Callable[[ChatEngine], None] | None = None,
         on_failed: Callable[[BaseException], None] | None = None,
+        grammar_deadline_s: float | None = None,
     ) -> None:
         self._load = load
+        self._grammar_deadline_s = grammar_deadline_s  # --grammar-deadline (grammar_deadline.py)
         self._queue_size = queue_size
         self._metrics = metrics
         self._on_ready = on_ready
@@ -309,7 +312,8 @@ class EngineWorker:
         self._set_processing(1)
         try:
             probe = getattr(job, "timing_probe", None)  # timings_per_token (live_timings.py)
-            target = engine if probe is None else probe.wrap(engine)
+            target = wrap_engine(engine, self._grammar_deadline_s)
+            target = target if probe is None else probe.wrap(target)
             reporter = getattr(job, "progress", None)  # return_progress (prompt_progress.py)
             target = target if reporter is None else reporter.wrap(target)
             if isinstance(job, (CompletionJob, SlotJob)):

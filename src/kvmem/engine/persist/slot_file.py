@@ -12,9 +12,11 @@ with the KV bytes on disk is `--kvmem-disk-dir` (session_persist.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +49,18 @@ def save_slot(engine: Any, path: Path) -> SlotResult:
     tokens = np.asarray(engine.session.tokens, dtype="<i4")  # [n]
     header = json.dumps({**_identity(engine), "n_tokens": int(tokens.shape[0])}).encode()
     data = MAGIC + _LEN.pack(len(header)) + header + tokens.tobytes()
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    # a short temporary name: `path`'s own may already be the longest the file system takes
+    fd, tmp = tempfile.mkstemp(prefix=".slot-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return SlotResult(int(tokens.shape[0]), len(data), (time.perf_counter() - t0) * 1e3)
 
 
