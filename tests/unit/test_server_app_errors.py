@@ -44,7 +44,7 @@ MALFORMED: list[tuple[object, str | None]] = [
     ({"messages": USER, "temperature": "hot"}, "temperature"),
     ({"messages": USER, "temperature": -1}, "temperature"),
     ({"messages": USER, "top_p": 1.5}, "top_p"),
-    ({"messages": USER, "max_tokens": 0}, "max_tokens"),
+    ({"messages": USER, "max_tokens": -2}, "max_tokens"),
     ({"messages": USER, "max_tokens": "10"}, "max_tokens"),
     ({"messages": USER, "stream": "yes"}, "stream"),
     ({"messages": USER, "stop": 7}, "stop"),
@@ -102,6 +102,11 @@ MALFORMED: list[tuple[object, str | None]] = [
     ({"messages": USER, "reasoning_budget_tokens": -5}, "reasoning_budget_tokens"),
     ({"messages": USER, "reasoning_effort": 3}, "reasoning_effort"),
     ({"messages": USER, "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"messages": USER, "kvmem": {"conversation": "a"}}, "kvmem.conversation"),
+    ({"messages": USER, "kvmem": {"conversation_id": "a b"}}, "kvmem.conversation_id"),
+    ({"messages": USER, "kvmem": {"conversation_id": ""}}, "kvmem.conversation_id"),
+    ({"messages": USER, "kvmem": {"conversation_id": 7}}, "kvmem.conversation_id"),
+    ({"messages": USER, "kvmem": "c-1"}, "kvmem"),
 ]
 
 

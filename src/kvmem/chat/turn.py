@@ -149,7 +149,11 @@ class _SegmentEnd(Enum):
 
 
 def run_turn(engine: ChatEngine, req: TurnRequest) -> Iterator[TurnEvent]:
-    """Generate one assistant turn; the last event is always `TurnDone`."""
+    """Generate one assistant turn; the last event is always `TurnDone`. With
+    `max_tokens` 0 the prompt is only processed (prefill_only)."""
+    if req.max_tokens == 0:
+        yield prefill_only(engine, req)
+        return
     detok = IncrementalDetokenizer(engine)
     stopper = StopMatcher(req.stop)
     splitter = ReasoningSplitter(req.reasoning, starts_in_reasoning=req.prompt.opens_reasoning)
@@ -242,6 +246,20 @@ def run_turn(engine: ChatEngine, req: TurnRequest) -> Iterator[TurnEvent]:
     if out.n_calls and finish in (ChatFinish.STOP, ChatFinish.LENGTH) and not cut_off:
         finish = ChatFinish.TOOL_CALLS
     yield TurnDone(finish, usage, stopper.matched if finish is ChatFinish.STOP else "")
+
+
+def prefill_only(engine: ChatEngine, req: TurnRequest) -> TurnDone:
+    """Process the prompt and keep its KV in the session; nothing is sampled. The turn
+    ends at `length` with no completion tokens (a later turn reuses the prompt)."""
+    engine.teacher_force(req.prompt.tokens, (), query=req.prompt.spans or req.prompt.query)
+    stats = engine.last_turn
+    usage = TurnUsage(
+        prompt_tokens=len(req.prompt.tokens),
+        cached_tokens=stats.cached_tokens,
+        prefill_ms=stats.prefill_ms,
+    )
+    usage.memory.add(stats)
+    return TurnDone(ChatFinish.LENGTH, usage)
 
 
 def _logprobs(engine: ChatEngine, logits: Any, token: int, n: int) -> TokenLogprobs:

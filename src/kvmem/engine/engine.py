@@ -26,6 +26,7 @@ from .llama.model import LlamaModel, ModelInfo
 from .llama.sampler import Sampler
 from .media.media import VisionProjector
 from .persist.conversation_disk import ConversationDisk
+from .persist.conversation_ids import ConversationIds, ConversationSummary
 from .persist.conversations import ConversationPool
 from .persist.session_persist import SessionPersister, open_tiered_store, store_fingerprint
 from .query.background_index import BackgroundIndex
@@ -107,6 +108,8 @@ class Engine:
                 disk=self.conv_disk,
                 cap_bytes=kv.conversations_mib * MIB,
             )
+        self.names = ConversationIds(self.pool)
+        self.conversation_id: str | None = None  # the next turn's (use_conversation)
         self.stats = EngineStats(gpu_cells_max=self.session.capacity)
         self._eog: tuple[int, ...] | None = None
         logger.info(
@@ -223,8 +226,7 @@ class Engine:
         banned = tuple(banned_tokens) + (self.eog_tokens() if ignore_eos else ())
         if sampling.seed < 0 and self.settings.seed >= 0:
             sampling = _with_seed(sampling, self.settings.seed)
-        if self.pool is not None:
-            self.session = self.pool.route(prompt)
+        self._route(prompt)
         try:
             yield from self.session.generate(
                 prompt,
@@ -248,13 +250,35 @@ class Engine:
         *,
         query: PromptSpans | TokenSpan | None = None,
     ) -> np.ndarray:
-        if self.pool is not None:
-            self.session = self.pool.route(prompt)
+        self._route(prompt)
         try:
             return self.session.teacher_force(prompt, continuation, query=query)
         finally:
             self._account(self.session.last_turn)
             self._persist()
+
+    # conversations a client names ---------------------------------------------------------
+    def use_conversation(self, name: str | None) -> None:
+        """The next turn runs on the conversation `name` (None: routed by its prefix)."""
+        self.conversation_id = name
+
+    def _route(self, prompt: Sequence[int]) -> None:
+        name, self.conversation_id = self.conversation_id, None
+        self.session = self.names.route(prompt, name, self.session)
+
+    def holds_conversation(self, name: str) -> bool:
+        return self.names.holds(name)
+
+    def conversation(self, name: str) -> ConversationSummary | None:
+        return self.names.describe(name, self.session)
+
+    def drop_conversation(self, name: str) -> int | None:
+        """Forget the conversation `name`: the host bytes freed (None: not held here)."""
+        freed = self.names.drop(name, self.session)
+        if freed is not None:
+            self._persist()
+            self._account_stores()
+        return freed
 
     def _persist(self) -> None:
         """Checkpoint the session to --kvmem-disk-dir (queued behind the block writes);

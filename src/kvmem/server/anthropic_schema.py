@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kvmem.chat.anthropic_blocks import chat_messages, chat_tool_choice, chat_tools
 from kvmem.errors import InvalidRequestError
 from kvmem.server.api_validation import converted_chat_request, validate_body
+from kvmem.server.kvmem_options import KVMemOptions, kvmem_field
 from kvmem.server.schemas import ChatCompletionRequest
 
 
@@ -52,6 +53,7 @@ class MessagesRequest(_Strict):
     thinking: Thinking | None = None
     metadata: Metadata | None = None
     cache_control: CacheControl | None = None  # KVMem reuses every prefix on its own
+    kvmem: KVMemOptions | None = None  # KVMem's options (server/kvmem_options.py)
 
 
 class CountTokensRequest(_Strict):
@@ -116,4 +118,5 @@ def chat_request(r: MessagesRequest | CountTokensRequest) -> ChatCompletionReque
             "top_k": r.top_k,
         }
         body.update({k: v for k, v in optional.items() if v is not None})
+        body.update(kvmem_field(r.kvmem))
     return converted_chat_request(body, _rename)

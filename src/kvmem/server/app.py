@@ -22,6 +22,7 @@ from kvmem.server.auth import ApiKeyChecker, require_api_key
 from kvmem.server.body_guard import BodyGuard
 from kvmem.server.chat_routes import chat_router
 from kvmem.server.completion_routes import completion_router
+from kvmem.server.conversation_routes import conversation_router
 from kvmem.server.cors import Cors
 from kvmem.server.error_map import install_error_handlers
 from kvmem.server.header_case import HeaderCase
@@ -139,6 +140,7 @@ def create_app(
         responses_router,
         anthropic_router,
         slot_router,
+        conversation_router,
     ):
         app.include_router(router, dependencies=keyed)
     ui = ui_directory(settings)

@@ -25,6 +25,7 @@ from kvmem.chat.tool_grammar import tool_call_grammar
 from kvmem.chat.turn import TurnRequest
 from kvmem.sampling import SamplingParams
 from kvmem.server.channel import EventChannel
+from kvmem.server.kvmem_options import conversation_of
 from kvmem.server.live_timings import TimingProbe
 from kvmem.server.prompt_progress import ProgressReporter
 from kvmem.server.schemas import ChatCompletionRequest, NamedToolChoice
@@ -36,7 +37,7 @@ class ChatJob:
     rendered: RenderedPrompt
     sampling: SamplingParams
     channel: EventChannel
-    max_tokens: int = -1
+    max_tokens: int = -1  # 0: prefill only
     stop: tuple[str, ...] = ()
     grammar: str | None = None
     tool_format: ToolFormat | None = None
@@ -50,6 +51,7 @@ class ChatJob:
     top_logprobs: int | None = None
     timing_probe: TimingProbe | None = None  # timings_per_token
     progress: ProgressReporter | None = None  # return_progress
+    conversation_id: str | None = None  # kvmem.conversation_id: the conversation it runs on
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def another_choice(self, channel: EventChannel) -> ChatJob:
@@ -89,6 +91,8 @@ def effective_max_tokens(
         if request.max_completion_tokens is not None
         else request.max_tokens
     )
+    if asked == 0:
+        return 0  # prefill only
     if asked is None and request.tools and request.tool_choice != "none":
         asked = tool_max_tokens
     caps = [v for v in (asked, n_predict) if v is not None and v > 0]
@@ -210,4 +214,5 @@ def prepare_chat_job(
         top_logprobs=(request.top_logprobs or 0) if request.logprobs else None,
         timing_probe=TimingProbe() if request.timings_per_token and request.stream else None,
         progress=ProgressReporter(channel) if request.return_progress and request.stream else None,
+        conversation_id=conversation_of(request.kvmem),
     )

@@ -20,6 +20,7 @@ from kvmem.server.channel import EventChannel
 from kvmem.server.chat_job import sampling_for
 from kvmem.server.completion_job import CompletionJob
 from kvmem.server.completion_schema import CompletionRequest, prompt_parts
+from kvmem.server.kvmem_options import conversation_of
 from kvmem.server.live_timings import TimingProbe
 from kvmem.server.logit_bias import banned_tokens
 from kvmem.server.prompt_limits import check_parts_size
@@ -101,6 +102,7 @@ def prepare_completion(
             timing_probe=TimingProbe() if r.timings_per_token and r.stream else None,
             progress=ProgressReporter(channel) if r.return_progress and r.stream else None,
             cache_prompt=r.cache_prompt,
+            conversation_id=conversation_of(r.kvmem),
         )
         job.reported_bans = tuple(dict.fromkeys(bans))
         prepared.append(PreparedPrompt(job, _prompt_text(vocab, tokens)))

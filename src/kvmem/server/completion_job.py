@@ -66,6 +66,7 @@ class CompletionJob:
     timing_probe: TimingProbe | None = None  # timings_per_token
     progress: ProgressReporter | None = None  # return_progress
     cache_prompt: bool = True  # False: the session's history is not reused (all recomputed)
+    conversation_id: str | None = None  # kvmem.conversation_id: the conversation it runs on
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def run(self, engine: ChatEngine) -> Any:
@@ -76,6 +77,9 @@ class CompletionJob:
         yield JobStarted(len(self.tokens))
         if not self.cache_prompt:
             engine.reset()  # llama-server's cache_prompt: false: nothing of the history is reused
+        if self.max_tokens == 0:  # prefill only: the prompt's KV is kept, nothing sampled
+            yield self._prefill_only(engine)
+            return
         detok = IncrementalDetokenizer(engine)
         stopper = StopMatcher(self.stop)
         logits: list[np.ndarray] | None = [] if self.n_probs > 0 else None
@@ -132,6 +136,16 @@ class CompletionJob:
         usage.memory.draft_n = getattr(stats, "draft_n", 0)  # timings.draft_n (--spec-type)
         usage.memory.draft_n_accepted = getattr(stats, "draft_n_accepted", 0)
         yield CompletionDone(stop_type, stopping_word, usage, generated)
+
+    def _prefill_only(self, engine: ChatEngine) -> CompletionDone:
+        engine.teacher_force(self.tokens, ())
+        stats = engine.last_turn
+        usage = TurnUsage(
+            prompt_tokens=len(self.tokens),
+            cached_tokens=stats.cached_tokens,
+            prefill_ms=stats.prefill_ms,
+        )
+        return CompletionDone(StopType.LIMIT, "", usage, [])
 
 
 def _which_stop(

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvmem.errors import InvalidRequestError
+from kvmem.server.kvmem_options import KVMemOptions
 from kvmem.server.schemas import MAX_REPEAT_PENALTY, MAX_TEMPERATURE, _is_type_tag
 
 
@@ -38,6 +39,7 @@ class CompletionRequest(BaseModel):
     post_sampling_probs: bool = False
     logprobs: int | bool | None = None  # OpenAI completions: top-N log-probabilities
     cache_prompt: bool = True
+    kvmem: KVMemOptions | None = None  # KVMem's options (server/kvmem_options.py)
     return_tokens: bool = False
     response_fields: list[str] | None = None
     ignore_eos: bool = False

@@ -30,6 +30,7 @@ from kvmem.chat.turn import TurnDone
 from kvmem.errors import ClientGoneError, JobCrashedError, KVMemError
 from kvmem.server.channel import JobFailed, JobStarted
 from kvmem.server.completion_job import CompletionDone
+from kvmem.server.conversation_job import ConversationDone
 from kvmem.server.disconnect import next_or_disconnect
 from kvmem.server.json_body import parse_json_body
 from kvmem.server.live_timings import TimingsSnapshot
@@ -38,7 +39,7 @@ from kvmem.server.sse import SSE_HEADERS
 from kvmem.server.state import ServerState
 from kvmem.server.worker import Job
 
-FINAL_EVENTS = (TurnDone, CompletionDone, SlotDone)
+FINAL_EVENTS = (TurnDone, CompletionDone, SlotDone, ConversationDone)
 THREAD_PARSE_BYTES = 256 * 1024
 
 

@@ -16,6 +16,7 @@ from kvmem.chat.response_items import chat_tool_choice, chat_tools, input_messag
 from kvmem.chat.thinking import check_effort
 from kvmem.errors import InvalidRequestError
 from kvmem.server.api_validation import converted_chat_request, validate_body
+from kvmem.server.kvmem_options import KVMemOptions, kvmem_field
 from kvmem.server.schemas import MAX_TEMPERATURE, ChatCompletionRequest
 
 
@@ -58,6 +59,7 @@ class ResponsesRequest(_Strict):
     previous_response_id: str | None = None
     stream: bool = False
     metadata: dict[str, str] | None = None
+    kvmem: KVMemOptions | None = None  # KVMem's options (server/kvmem_options.py)
     user: str | None = None
     truncation: Literal["disabled"] | None = None
     include: list[Literal["reasoning.encrypted_content"]] | None = None  # nothing to encrypt
@@ -135,4 +137,5 @@ def chat_request(r: ResponsesRequest, conversation: list[dict[str, Any]]) -> Cha
         "user": r.user,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
+    body.update(kvmem_field(r.kvmem))
     return converted_chat_request(body, _rename)

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kvmem.errors import InvalidRequestError
+from kvmem.server.kvmem_options import KVMemOptions
 
 _FN_NAME = r"^[A-Za-z0-9_.:-]{1,64}$"
 
@@ -107,6 +108,7 @@ class ChatCompletionRequest(_Strict):
     ignore_eos: bool | None = None  # llama-server extension: never stop at end-of-generation
     timings_per_token: bool | None = None  # llama-server: `timings` on every stream chunk
     return_progress: bool | None = None  # llama-server: `prompt_progress` chunks (streams)
+    kvmem: KVMemOptions | None = None  # KVMem's options (server/kvmem_options.py)
 
     @property
     def stop_list(self) -> tuple[str, ...]:
@@ -146,9 +148,9 @@ def _is_type_tag(part: object) -> bool:
 def _check_semantics(request: ChatCompletionRequest) -> None:
     for name in ("max_tokens", "max_completion_tokens"):
         value = getattr(request, name)
-        if value is not None and value != -1 and value < 1:
+        if value is not None and value != -1 and value < 0:
             raise InvalidRequestError(
-                f"'{name}' must be a positive integer (or -1 for no limit)", name
+                f"'{name}' must be >= 0 (0: prefill only) or -1 for no limit", name
             )
     if request.n is not None and not 1 <= request.n <= 8:
         raise InvalidRequestError("'n' must be between 1 and 8", "n")

@@ -35,6 +35,7 @@ from kvmem.errors import (
 from kvmem.server.channel import JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob
 from kvmem.server.completion_job import CompletionDone, CompletionJob, CompletionToken, StopType
+from kvmem.server.conversation_job import ConversationJob
 from kvmem.server.error_map import classify
 from kvmem.server.grammar_deadline import wrap_engine
 from kvmem.server.live_timings import TimingsSnapshot
@@ -43,7 +44,7 @@ from kvmem.server.slot_job import SlotJob
 
 logger = logging.getLogger(__name__)
 
-Job = ChatJob | CompletionJob | SlotJob
+Job = ChatJob | CompletionJob | SlotJob | ConversationJob
 
 
 class WorkerState(Enum):
@@ -276,7 +277,13 @@ class EngineWorker:
         if isinstance(job, SlotJob):  # /slots/0 is lane 0's session
             first = self._lanes[0]
             return (first if first.free else None), None
+        name = getattr(job, "conversation_id", None)
+        holder = self.conversation_lane(name) if name is not None else None
+        if holder is not None:  # a named conversation runs on the lane holding it
+            return (holder if holder.free else None), None
         free = [lane for lane in self._lanes if lane.free]
+        if isinstance(job, ConversationJob):
+            return free[0], None  # no lane holds it: the job answers "not found"
         if len(free) == 1:
             return free[0], None
         prompt: PromptTokens | None = None
@@ -294,6 +301,23 @@ class EngineWorker:
             return (prefix(tokens) if prefix is not None else 0, -lane.last_used)
 
         return max(free, key=score), prompt
+
+    def conversation_lane(self, name: str) -> _Lane | None:
+        """The lane whose engine holds the client's conversation `name` (None: none)."""
+        for lane in self._lanes:
+            holds = getattr(lane.engine, "holds_conversation", None)
+            if holds is not None and holds(name):
+                return lane
+        return None
+
+    def conversation(self, name: str) -> tuple[int, Any] | None:
+        """The lane index and summary of the conversation `name` (None: no lane holds it)."""
+        for lane in list(self._lanes):
+            describe = getattr(lane.engine, "conversation", None)
+            summary = describe(name) if describe is not None else None
+            if summary is not None:
+                return lane.index, summary
+        return None
 
     def _set_processing(self, delta: int) -> None:
         with self._cond:
@@ -316,7 +340,10 @@ class EngineWorker:
             target = target if probe is None else probe.wrap(target)
             reporter = getattr(job, "progress", None)  # return_progress (prompt_progress.py)
             target = target if reporter is None else reporter.wrap(target)
-            if isinstance(job, (CompletionJob, SlotJob)):
+            use = getattr(engine, "use_conversation", None)
+            if use is not None:  # the client's conversation; None: routed by prefix
+                use(getattr(job, "conversation_id", None))
+            if isinstance(job, (CompletionJob, SlotJob, ConversationJob)):
                 for event in job.run(target):
                     if isinstance(event, CompletionDone):
                         self._metrics.record_turn(event.usage)

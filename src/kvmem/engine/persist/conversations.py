@@ -46,6 +46,7 @@ class Conversation:
     history: np.ndarray | None = None  # int64 [n]: the full history while inactive
     slot: int = 0  # its place in the pool (DIR/conversation-<slot> with a disk dir)
     persister: SessionPersister | None = None
+    name: str | None = None  # the client's conversation id (`kvmem.conversation_id`)
 
     def shared_prefix(self, prompt: Sequence[int]) -> int:
         if self.history is None:
@@ -106,9 +107,19 @@ class ConversationPool:
         found = [c.conv_id for c in self.conversations if c.first_prompt_tokens]
         logger.info("conversations found in %s: %s", disk.root, found or "none")
 
-    def _best(self, prompt: Sequence[int]) -> tuple[Conversation | None, int]:
+    def _best(
+        self, prompt: Sequence[int], name: str | None = None
+    ) -> tuple[Conversation | None, int]:
+        """The conversation continuing `prompt` and its shared prefix. A named request goes
+        to its own conversation only (None: a new one); an unnamed one never enters a
+        named conversation."""
+        if name is not None:
+            conv = self.named(name)
+            return conv, (conv.shared_prefix(prompt) if conv is not None else -1)
         best, best_len = None, -1
         for conv in self.conversations:
+            if conv.name is not None:
+                continue
             shared = conv.shared_prefix(prompt)
             continues = conv.first_prompt_tokens == 0 or shared >= conv.first_prompt_tokens
             if continues and shared > best_len:
@@ -119,11 +130,17 @@ class ConversationPool:
         """The longest prefix of `prompt` a conversation continuing it holds (0: none)."""
         return max(0, self._best(prompt)[1])
 
-    def route(self, prompt: Sequence[int]) -> KVMemSession:
-        """The session for `prompt`, made active (switching the GPU window if needed)."""
-        best, _ = self._best(prompt)
+    def named(self, name: str) -> Conversation | None:
+        """The conversation the client calls `name` (None: unknown or evicted)."""
+        return next((c for c in self.conversations if c.name == name), None)
+
+    def route(self, prompt: Sequence[int], name: str | None = None) -> KVMemSession:
+        """The session for `prompt` (with `name`, that conversation's), made active
+        (switching the GPU window if needed)."""
+        best, _ = self._best(prompt, name)
         if best is None:
             best = self._new_conversation()
+            best.name = name
         self._activate(best)
         best.history = None
         if best.first_prompt_tokens == 0:
@@ -163,15 +180,24 @@ class ConversationPool:
     def _forget_inactive(self, conv: Conversation, why: str) -> None:
         """Drop an inactive conversation (its cells are not in the context; nothing
         touches the context, which holds the active one's)."""
-        s = conv.session
-        s.window.reset()
-        s.table.truncate(0)
-        s.store.drop(s.store.block_ids())
-        if s.index is not None:
-            s.index.remove(s.index.block_ids())
-        s.last_query, s.frontier = None, None
-        s.rows.clear()
+        _clear_inactive(conv.session)
         self._note_evicted(conv, why)
+
+    def drop(self, conv: Conversation) -> int:
+        """Forget `conv` at the client's request (DELETE): its history, host blocks and
+        stored manifest go; the slot is free for a new conversation. Returns the host
+        bytes freed."""
+        before = conv.session.store.nbytes
+        if conv is self.active:
+            conv.session.reset()  # the context holds this conversation's cells only
+        else:
+            _clear_inactive(conv.session)
+        conv.first_prompt_tokens, conv.history, conv.name = 0, None, None
+        logger.info("conversation %d deleted by the client", conv.conv_id)
+        if conv.persister is not None:
+            conv.persister.extra = {}
+            conv.persister.persist()  # an empty manifest: not found again after a restart
+        return before - conv.session.store.nbytes
 
     def _new_conversation(self) -> Conversation:
         fresh = [c for c in self.conversations if c.first_prompt_tokens == 0]
@@ -192,7 +218,7 @@ class ConversationPool:
         return conv
 
     def _note_evicted(self, victim: Conversation, why: str) -> None:
-        victim.first_prompt_tokens, victim.history = 0, None
+        victim.first_prompt_tokens, victim.history, victim.name = 0, None, None
         self.evicted += 1
         logger.info("conversation %d evicted (least recently used, %s)", victim.conv_id, why)
         self.tracer.emit(TraceKind.CONV_EVICT, conversation=victim.conv_id)
@@ -251,3 +277,14 @@ class ConversationPool:
             conv.session.transfer.close()
         if self.disk is not None:
             self.disk.close()
+
+
+def _clear_inactive(s: KVMemSession) -> None:
+    """Empty a session whose cells are not in the context (the context is left alone)."""
+    s.window.reset()
+    s.table.truncate(0)
+    s.store.drop(s.store.block_ids())
+    if s.index is not None:
+        s.index.remove(s.index.block_ids())
+    s.last_query, s.frontier = None, None
+    s.rows.clear()

@@ -129,6 +129,8 @@ class KVMemSession:
         stats = self._start_turn(prompt)
         try:
             self._prefill(prompt, PromptSpans.of(query), stats)
+            if not continuation:  # prefill only (max_tokens 0): the prompt's KV is kept
+                return np.zeros((0, self.ctx.n_vocab), np.float32)
             rows = [self.ctx.logits(-1)]
             if len(continuation) > 1:
                 gen_start = self.table.n_tokens
