@@ -17,8 +17,9 @@ import pytest
 from tests.server.conftest import LiveServer, start_server
 
 KEY = "sk-sessions"
-ARGS = ("-c", "4096", "--kvmem-budget", "1024", "--kvmem-gen-reserve", "512", "-t", "2")
-ARGS += ("--metrics", "--kvmem-conversations", "2", "--api-key", KEY)
+BASE = ("-c", "4096", "--kvmem-budget", "1024", "--kvmem-gen-reserve", "512", "-t", "2")
+BASE += ("--metrics", "--api-key", KEY)
+ARGS = (*BASE, "--kvmem-conversations", "2")
 AUTH = {"Authorization": f"Bearer {KEY}"}
 RULES = " ".join(f"Rule {i}: answer briefly about topic {i}." for i in range(30))
 SYSTEM = {"role": "system", "content": RULES}  # over two 128-token blocks
@@ -122,3 +123,26 @@ def test_anthropic_and_responses_take_the_conversation_id(server: LiveServer) ->
     delta = conversation(server, "delta").json()
     assert gamma["tokens"] > 0 and delta["tokens"] > 0
     assert delta["active"] is True and gamma["active"] is False
+
+
+def test_lanes_route_by_id_and_another_id_takes_the_lane(server_logs: Path) -> None:
+    """One conversation per lane (the default): the named turn goes to its lane; a request
+    with another id that lands on that lane takes it, and the first id is gone."""
+    lanes = start_server((*BASE, "--parallel", "2"), server_logs)
+    try:
+        first = [SYSTEM, {"role": "user", "content": "Name a colour."}]
+        solo = {"kvmem": {"conversation_id": "solo"}}
+        post(lanes, "/v1/chat/completions", {"messages": first, "max_tokens": 0, **solo})
+        shown = conversation(lanes, "solo").json()
+        second = [*first, {"role": "assistant", "content": "Blue."}]
+        second.append({"role": "user", "content": "Another?"})
+        body = {"messages": second, "max_tokens": 2, **solo}
+        turn = post(lanes, "/v1/chat/completions", body)
+        assert turn["usage"]["prompt_tokens_details"]["cached_tokens"] == shown["tokens"]
+        assert conversation(lanes, "solo").json()["lane"] == shown["lane"]
+        other = {"kvmem": {"conversation_id": "other"}}  # shares the prefix: the same lane
+        post(lanes, "/v1/chat/completions", {"messages": first, "max_tokens": 1, **other})
+        assert conversation(lanes, "other").json()["lane"] == shown["lane"]
+        assert conversation(lanes, "solo").status_code == 404
+    finally:
+        assert lanes.stop() == 0, lanes.log()[-3000:]
