@@ -11,7 +11,7 @@ import gguf
 import pytest
 
 from kvmem.errors import ConfigError
-from kvmem.launch.kv_size import GIB, parse_size, read_kv_geometry
+from kvmem.gguf.kv_size import GIB, parse_size, read_kv_geometry
 from kvmem.launch.main import main
 from kvmem.launch.recipe import load_recipe, recipe_names
 from kvmem.memory.ggml_types import GgmlType

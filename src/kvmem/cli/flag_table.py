@@ -13,6 +13,7 @@ environment bindings, and kvmem.cli.flag_doc the flag table in docs/server.md
 from __future__ import annotations
 
 from kvmem.cli.cli_flags import CliFlags
+from kvmem.cli.fit_flags import FitFlags
 from kvmem.cli.flag_table_compat import NOOP_TABLE, REJECTED_TABLE
 from kvmem.cli.kv_cache_flags import KVCacheFlags
 from kvmem.cli.limit_flags import ServerLimits
@@ -33,6 +34,7 @@ SERVER_FLAGS: tuple[Flag, ...] = tuple(
     for record in (
         ModelFlags,
         ServerSettings,
+        FitFlags,
         SamplingParams,
         TemplateFlags,
         VisionFlags,

@@ -21,6 +21,7 @@ from typing import Any
 from kvmem.chat.template import check_template_source, resolve_template_source
 from kvmem.chat.thinking import ThinkingDefaults
 from kvmem.cli.api_keys import collect_api_keys
+from kvmem.cli.fit_flags import FitFlags, GpuProbe, fit_engine
 from kvmem.cli.gpu_placement import gpu_placement
 from kvmem.cli.kvmem_flags import KVMemFlags, kvmem_config_from_args
 from kvmem.cli.limit_flags import ServerLimits
@@ -218,7 +219,9 @@ def _engine(
     return engine
 
 
-def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> ServerSettings:
+def settings_from_parsed(
+    parsed: ParsedArgs, environ: Mapping[str, str], gpu_probe: GpuProbe | None = None
+) -> ServerSettings:
     v = parsed.values
     if v["metrics"] and importlib.util.find_spec("prometheus_client") is None:
         raise ConfigError("--metrics", "needs the prometheus-client package (pip install it)")
@@ -237,6 +240,7 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
             "--no-jinja is ignored: kvmem-server always renders Jinja chat templates"
         )
     engine = _engine(m, model, vision, flags, parsed)
+    engine, fit = fit_engine(engine, from_values(FitFlags, v), lanes, gpu_probe)
     return from_values(  # the fields that declare a flag; the rest given here
         ServerSettings,
         v,
@@ -255,13 +259,15 @@ def settings_from_parsed(parsed: ParsedArgs, environ: Mapping[str, str]) -> Serv
         sources={k: Source(s) for k, s in parsed.sources.items()},
         slot_save_path=_slot_dir(v["slot_save_path"]),
         limits=_limits(v, parsed.sources),
+        fit=fit,
     )
 
 
 def load_server_settings(
-    argv: Sequence[str], environ: Mapping[str, str]
+    argv: Sequence[str], environ: Mapping[str, str], gpu_probe: GpuProbe | None = None
 ) -> tuple[ServerSettings, list[str]]:
-    """argv + environment -> settings and the warnings to log; ConfigError on any problem."""
+    """argv + environment -> settings and the warnings to log; ConfigError on any problem.
+    `gpu_probe`: the GPU's free memory for --fit on (None: no GPU is known)."""
     parsed = parse_server_argv(argv, environ)
-    settings = settings_from_parsed(parsed, environ)
+    settings = settings_from_parsed(parsed, environ, gpu_probe)
     return settings, parsed.warnings

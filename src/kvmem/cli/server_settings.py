@@ -13,6 +13,7 @@ from enum import Enum
 
 from kvmem.chat.thinking import ThinkingDefaults
 from kvmem.cli.api_keys import ApiKeys
+from kvmem.cli.fit_flags import FitPlan
 from kvmem.cli.limit_flags import ServerLimits
 from kvmem.engine.settings import EngineSettings
 from kvmem.sampling import SamplingParams
@@ -122,6 +123,7 @@ class ServerSettings:
     media_path: str | None = None  # the directory file:// image URLs may name
     sources: Mapping[str, Source] = field(default_factory=dict)
     limits: ServerLimits = field(default_factory=ServerLimits)  # body/timeouts/connections/CORS
+    fit: FitPlan | None = None  # --fit on: the window's sizing (kvmem.cli.fit_flags)
     slot_save_path: str | None = setting(  # an existing directory
         None, "--slot-save-path",
         help="directory for POST /slots/0?action=save|restore files (the KVMem session's "

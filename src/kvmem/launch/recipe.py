@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from kvmem.errors import ConfigError, ModelNotFoundError
-from kvmem.launch.kv_size import MIB, Sizing, file_size, parse_size, read_kv_geometry, size_budget
+from kvmem.gguf.kv_size import (
+    MIB,
+    Sizing,
+    parse_size,
+    read_kv_geometry,
+    size_budget,
+    weights_bytes,
+)
 from kvmem.launch.workers import RpcRecipe, WorkerPlan, plan_workers, rpc_flag
 from kvmem.memory.ggml_types import parse_kv_type
 
@@ -254,11 +261,8 @@ def build_plan(recipe: Recipe, options: LaunchOptions, environ: Mapping[str, str
     elif options.gpu_mem:
         if geometry is None or model_file is None:
             raise ConfigError("--gpu-mem", f"sizing needs the model file: {model_file} not found")
-        weights = file_size(model_file) + (
-            file_size(mmproj)
-            if mmproj and os.path.isfile(mmproj) and "--no-mmproj-offload" not in recipe.mmproj_args
-            else 0
-        )
+        offloaded = mmproj if "--no-mmproj-offload" not in recipe.mmproj_args else None
+        weights = weights_bytes(model_file, offloaded)
         ctx = _ctx_size([*recipe.args, *options.extra]) or geometry.n_ctx_train or 1 << 30
         sizing = size_budget(
             parse_size(options.gpu_mem),

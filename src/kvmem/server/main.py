@@ -78,10 +78,17 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def _gpu_free() -> tuple[str, int] | None:
+    """--fit on: the GPU's free memory before the load (loads llama.cpp)."""
+    from kvmem.engine.llama.device_memory import gpu_free
+
+    return gpu_free()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        settings, warnings = load_server_settings(args, os.environ)
+        settings, warnings = load_server_settings(args, os.environ, _gpu_free)
     except ConfigError as exc:
         sys.stderr.write(f"kvmem-server: error: {exc}\n")
         return EXIT_CONFIG
@@ -95,6 +102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     for warning in warnings:
         logger.warning("%s", warning)
+    if settings.fit is not None:
+        kv = settings.engine.kvmem
+        logger.info("--fit on: --kvmem-budget %d --kvmem-gen-reserve %d", kv.budget, kv.gen_reserve)
+        for line in settings.fit.lines:
+            logger.info("--fit plan: %s", line)
     try:
         settings = settings.with_model_path(resolve_model_path(settings.engine.model_path))
     except ModelNotFoundError as exc:

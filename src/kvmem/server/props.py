@@ -89,6 +89,7 @@ def kvmem_body(settings: ServerSettings, n_ctx: int) -> dict[str, Any]:
         "positions": kv.positions.value,
         "cache_type_k": settings.engine.cache_types.k.label,
         "cache_type_v": settings.engine.cache_types.v.label,
+        "fit": settings.fit.as_dict() if settings.fit is not None else None,  # --fit on
     }
 
 

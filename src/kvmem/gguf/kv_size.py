@@ -1,5 +1,9 @@
 """A model's KV bytes per token, from its GGUF header, and a KVMem budget sized to a GPU.
 
+One sizing for both programs: kvmem-launch's `--gpu-mem SIZE` and kvmem-server's
+`--fit on` (kvmem.cli.fit_flags) call `size_budget` with the weights' bytes of
+`weights_bytes`.
+
 Only the header is read (the `gguf` package): `<arch>.block_count`,
 `<arch>.attention.head_count(_kv)`, `<arch>.embedding_length`,
 `<arch>.attention.key_length` / `value_length`, and for hybrid models the per-layer
@@ -130,21 +134,24 @@ def size_budget(
     block_tokens: int,
     reserve_fraction: float,
     max_cells: int,
+    lanes: int = 1,
+    flag: str = "--gpu-mem",
 ) -> Sizing:
     """Split the GPU memory left after weights and overhead into budget + generation reserve.
 
-    Cells = free bytes // KV bytes per token, capped at `max_cells` (the context); the
-    reserve takes `reserve_fraction` of them; both are whole KVMem blocks."""
+    Cells = free bytes // KV bytes per token // `lanes` (each lane is a context of its
+    own), capped at `max_cells` (a lane's context); the reserve takes `reserve_fraction`
+    of them; both are whole KVMem blocks. ConfigError names `flag` when too little is left."""
     per_token = geometry.bytes_per_token(k_type, v_type)
     if per_token <= 0:
-        raise ConfigError("--gpu-mem", "the model has no KV cache to size")
+        raise ConfigError(flag, "the model has no KV cache to size")
     free = gpu_bytes - weight_bytes - overhead_bytes
-    cells = min(max(free, 0) // per_token, max_cells)
+    cells = min(max(free, 0) // per_token // lanes, max_cells)
     reserve = int(cells * reserve_fraction) // block_tokens * block_tokens
     budget = (cells - reserve) // block_tokens * block_tokens
     if budget < 2 * block_tokens or reserve < block_tokens:
         raise ConfigError(
-            "--gpu-mem",
+            flag,
             f"{gpu_bytes / GIB:.2f} GiB leaves {max(free, 0) / GIB:.2f} GiB for KV after "
             f"{weight_bytes / GIB:.2f} GiB of weights and {overhead_bytes / GIB:.2f} GiB of "
             f"overhead: too little for a KVMem window of {block_tokens}-token blocks",
@@ -156,7 +163,8 @@ def size_budget(
         f"KV per token {per_token} B: {geometry.n_kv_layers} KV layers of {geometry.n_layer}"
         f" x {geometry.n_head_kv} KV heads x head dim {geometry.head_dim_k}/{geometry.head_dim_v}"
         f" (K {k_type.label}, V {v_type.label})",
-        f"{cells} cells{' (capped at the context size)' if cells == max_cells else ''}:"
+        f"{cells} cells{f' per lane ({lanes} lanes)' if lanes > 1 else ''}"
+        f"{' (capped at the context size)' if cells == max_cells else ''}:"
         f" gen reserve {reserve_fraction:.0%} -> {reserve}, budget {budget}"
         f" (multiples of {block_tokens}); KV {kv_bytes / GIB:.2f} GiB",
     ]
@@ -165,3 +173,10 @@ def size_budget(
 
 def file_size(path: str) -> int:
     return os.path.getsize(path)
+
+
+def weights_bytes(model_file: str, mmproj_file: str | None = None) -> int:
+    """The bytes the weights take on the GPU: the model file's size, plus the projector's
+    when it is offloaded too (None: not loaded or kept on the CPU)."""
+    extra = file_size(mmproj_file) if mmproj_file and os.path.isfile(mmproj_file) else 0
+    return file_size(model_file) + extra
