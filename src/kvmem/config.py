@@ -51,6 +51,13 @@ class QueryAheadMode(Enum):
     OFF = "off"
 
 
+class HarnessOverflow(Enum):
+    """An agent harness's pinned control text past the budget (kvmem.chat.harness)."""
+
+    REJECT = "reject"  # HTTP 413 naming what did not fit
+    FALLBACK = "fallback"  # no pinning: the control tier's bound applies, as for any client
+
+
 class QueryPolicy(Enum):
     """Which tokens form the retrieval query."""
 
@@ -209,6 +216,14 @@ class KVMemConfig:
         0, "--kvmem-conversations-mib",
         "cap in MiB on the conversations' stored blocks (RAM and disk); past it the least "
         "recently used conversation is evicted", "0 = no cap",
+    )  # fmt: skip
+
+    harness_overflow: HarnessOverflow = setting(
+        HarnessOverflow.REJECT, "--kvmem-harness-overflow",
+        help="Claude Code, OpenCode and Codex CLI requests pin their system prompt, tools "
+        "and CLAUDE.md/AGENTS.md reminders on the GPU; when those cannot fit the budget: "
+        "reject (HTTP 413 naming them) or fallback (no pinning)",
+        **_KVMEM,
     )  # fmt: skip
 
     trace: bool = setting(  # the flag unset (None): KVMEM_TRACE decides

@@ -69,6 +69,25 @@ class GrammarDeadlineError(InvalidRequestError):
     (kvmem.server.grammar_deadline): it ended between two tokens and its lane is free."""
 
 
+class PinnedTooLargeError(KVMemError):
+    """An agent harness's pinned control text (system prompt, tools, reminders) cannot fit
+    the KVMem budget (HTTP 413; `--kvmem-harness-overflow fallback` lets it through)."""
+
+    def __init__(self, harness: str, parts: list[tuple[str, int]], needed: int, budget: int):
+        listed = ", ".join(f"{name}: {n} tokens" for name, n in parts)
+        super().__init__(
+            f"the {harness} request's pinned control text needs {needed} tokens of the GPU "
+            f"window ({listed}; with the sink, recent and open blocks, in whole blocks) but the "
+            f"KVMem budget is {budget} tokens: raise --kvmem-budget, or start the server "
+            "with --kvmem-harness-overflow fallback to run it unpinned"
+        )
+        self.harness = harness
+        self.parts = parts
+        self.needed = needed
+        self.budget = budget
+        self.param = "messages"
+
+
 class NotFoundError(KVMemError):
     """A request names an object the server does not have (a stored response id)."""
 

@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from kvmem.chat.harness import PinnedText
 from kvmem.chat.images import PromptImage
 from kvmem.chat.markup import Mask, markup_spans, mask_for, special_pattern
 from kvmem.chat.message_spans import CharSpan, locate_messages, prompt_char_spans
@@ -50,6 +51,7 @@ class RenderedPrompt:
     images: tuple[PromptImage, ...] = ()  # in order; each is `image_marker` in `text`
     image_marker: str = ""
     unlocated: tuple[str, ...] = ()  # spans that exist but were not found in `text`
+    pinned: tuple[PinnedText, ...] = ()  # an agent harness's control text (chat.harness)
 
 
 @dataclass(slots=True)
@@ -59,6 +61,7 @@ class PromptTokens:
     text: str = ""
     opens_reasoning: bool = False
     spans: PromptSpans | None = None  # every span; None: the query alone
+    pinned_names: tuple[str, ...] = ()  # what each of spans.pinned is (chat.harness)
 
 
 def render_prompt(
@@ -178,6 +181,13 @@ def tokenize_prompt(engine: ChatEngine, rendered: RenderedPrompt) -> PromptToken
         t0, t1 = token_at(rendered.query_chars.start), token_at(rendered.query_chars.end)
         if t0 is not None and t1 is not None and t1 > t0:
             query = TokenSpan(t0, t1)
+    pinned = [
+        (part.name, TokenSpan(t0, t1))
+        for part in rendered.pinned
+        if (t0 := token_at(part.chars.start)) is not None
+        and (t1 := token_at(part.chars.end)) is not None
+        and t1 > t0
+    ]
     control_end, live = token_at(rendered.control_end), token_at(rendered.live_start)
     trajectory = token_at(rendered.trajectory_start) if rendered.has_trajectory else None
     if query is not None and rendered.has_trajectory:
@@ -188,9 +198,12 @@ def tokenize_prompt(engine: ChatEngine, rendered: RenderedPrompt) -> PromptToken
         trajectory=TokenSpan(trajectory, n) if trajectory is not None and trajectory < n else None,
         live=TokenSpan(live, n) if live is not None and live < n else None,
         groups=tuple(images.groups),
+        pinned=tuple(span for _, span in pinned),
         unlocated=rendered.unlocated,
     )
-    return PromptTokens(tokens, query, rendered.text, rendered.opens_reasoning, spans)
+    prompt = PromptTokens(tokens, query, rendered.text, rendered.opens_reasoning, spans)
+    prompt.pinned_names = tuple(name for name, _ in pinned)
+    return prompt
 
 
 @dataclass(frozen=True, slots=True)

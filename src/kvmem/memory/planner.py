@@ -4,6 +4,8 @@ The budget is filled in tier order, each tier bounded:
 
 1. ``sink``: the first `sink_blocks` blocks;
 2. ``recent``: the last `recent_blocks` complete blocks;
+   ``pinned``: an agent harness's control text and reminders (`PromptSpans.pinned`), all
+   of it (the server answers 413 when it cannot fit);
 3. ``control``: the control text (system prompt, tool definitions), its newest
    `control_tokens`;
 4. ``query``: the task (the last user message), its newest `query_tokens`;
@@ -43,6 +45,7 @@ class RetrievalMethod(Enum):
 class Tier(Enum):
     SINK = "sink"
     RECENT = "recent"
+    PINNED = "pinned"
     CONTROL = "control"
     QUERY = "query"
     TRAJECTORY = "trajectory"
@@ -267,6 +270,7 @@ def _pins(config: PlannerConfig, request: WindowRequest) -> _Pins:
     taker = _Taker(window_slots(config, request.open_tokens), groups)
     taker.take(Tier.SINK, range(min(config.sink_blocks, n)), n)  # an image there: whole
     taker.take(Tier.RECENT, range(n - 1, max(-1, n - 1 - config.recent_blocks), -1), n)
+    taker.take(Tier.PINNED, pinned_blocks(spans.pinned, bt, n), n)
     taker.take(Tier.CONTROL, _newest(spans.control, bt, n), config.control_tokens // bt)
     taker.take(Tier.QUERY, _newest(spans.query, bt, n), _bound(config.query_tokens, bt))
     traj = _newest(spans.trajectory, bt, n)
@@ -278,6 +282,12 @@ def _pins(config: PlannerConfig, request: WindowRequest) -> _Pins:
     taker.take(Tier.FORCED, forced, n)
     middle = tuple(b for b in range(n) if b not in taker.taken)
     return _Pins(taker.tiers, taker.unpinned, middle, taker.free)
+
+
+def pinned_blocks(spans: Iterable[TokenSpan], block_tokens: int, n_complete: int) -> list[int]:
+    """The complete blocks holding any pinned token, newest first."""
+    blocks = {b for s in spans for b in s.blocks(block_tokens) if b < n_complete}
+    return sorted(blocks, reverse=True)
 
 
 def _bound(tokens: int, block_tokens: int) -> int:

@@ -6,6 +6,7 @@ prompt's parts are: the control text (system prompt and tool definitions), the t
 results) and the last message, whose tail is replayed after a reselection. A raw
 completion prompt has none of them; its query is its own tail. `groups` are the token
 ranges of images: the window holds the blocks of each one all together or not at all.
+`pinned` are the ranges an agent harness needs held (its control text and reminders).
 `unlocated` names the spans a chat prompt has but whose text was not found.
 """
 
@@ -54,6 +55,9 @@ class PromptSpans:
     trajectory: TokenSpan | None = None  # after the last user message, to the prompt's end
     live: TokenSpan | None = None  # the last message, to the prompt's end
     groups: tuple[TokenSpan, ...] = ()  # image rows, ascending: each selected whole
+    # control text an agent harness needs on the GPU (its system prompt and tools, its
+    # CLAUDE.md/AGENTS.md reminders: kvmem.chat.harness); the planner's pinned tier
+    pinned: tuple[TokenSpan, ...] = ()
     # spans the prompt has but the chat layer could not find in its rendering (by name:
     # "query", "control", "trajectory", "live"); the engine's trace says so
     unlocated: tuple[str, ...] = ()
@@ -66,6 +70,7 @@ class PromptSpans:
                 for s in (self.control, self.query, self.trajectory, self.live)
             ),
             groups=tuple(c for g in self.groups if (c := g.clip(end)) is not None),
+            pinned=tuple(c for p in self.pinned if (c := p.clip(end)) is not None),
             unlocated=self.unlocated,
         )
 

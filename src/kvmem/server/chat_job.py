@@ -25,6 +25,7 @@ from kvmem.chat.tool_grammar import tool_call_grammar
 from kvmem.chat.turn import TurnRequest
 from kvmem.sampling import SamplingParams
 from kvmem.server.channel import EventChannel
+from kvmem.server.harness_pins import PinLimit, pin_harness
 from kvmem.server.kvmem_options import conversation_of
 from kvmem.server.live_timings import TimingProbe
 from kvmem.server.prompt_progress import ProgressReporter
@@ -52,6 +53,7 @@ class ChatJob:
     timing_probe: TimingProbe | None = None  # timings_per_token
     progress: ProgressReporter | None = None  # return_progress
     conversation_id: str | None = None  # kvmem.conversation_id: the conversation it runs on
+    pin_limit: PinLimit | None = None  # an agent harness's pinned set (server/harness_pins.py)
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def another_choice(self, channel: EventChannel) -> ChatJob:
@@ -197,6 +199,7 @@ def prepare_chat_job(
         rendered.images, rendered.image_marker = tuple(images.images), images.marker
     if settings.reasoning_format == "none":  # thinking stays in the content, tags included
         rendered.opens_reasoning = False
+    pins = pin_harness(rendered, request.messages, tools, settings.engine.kvmem)
     return ChatJob(
         rendered=rendered,
         sampling=sampling_for(request, settings.sampling),
@@ -215,4 +218,5 @@ def prepare_chat_job(
         timing_probe=TimingProbe() if request.timings_per_token and request.stream else None,
         progress=ProgressReporter(channel) if request.return_progress and request.stream else None,
         conversation_id=conversation_of(request.kvmem),
+        pin_limit=pins,
     )

@@ -22,6 +22,7 @@ from kvmem.errors import (
     JobCrashedError,
     KVMemError,
     NotFoundError,
+    PinnedTooLargeError,
     QueueFullError,
     RpcWorkerLostError,
     ServerShuttingDownError,
@@ -52,6 +53,7 @@ _BY_TYPE: tuple[tuple[type[BaseException], HttpError], ...] = (
     (ClientGoneError, HttpError(499, "invalid_request_error", "client_closed_request")),
     (TemplateError, HttpError(400, "invalid_request_error", "template_error")),
     (NotFoundError, HttpError(404, "invalid_request_error", "not_found")),
+    (PinnedTooLargeError, HttpError(413, "invalid_request_error", "pinned_context_too_large")),
     (AuthenticationError, HttpError(401, "authentication_error", "invalid_api_key")),
     (QueueFullError, HttpError(503, "server_error", "queue_full", {"Retry-After": RETRY_AFTER_S})),
     (

@@ -355,6 +355,8 @@ class EngineWorker:
             n_ctx = engine.info.n_ctx
             if len(prompt.tokens) >= n_ctx:
                 raise ContextLengthExceededError(len(prompt.tokens), n_ctx)
+            if job.pin_limit is not None:  # an agent harness's pinned set: 413 past the budget
+                job.pin_limit.check(prompt)
             if job.grammar:
                 engine.check_grammar(job.grammar)  # a bad grammar is a 400, even when streaming
             job.channel.put(JobStarted(len(prompt.tokens)))

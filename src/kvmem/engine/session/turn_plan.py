@@ -9,7 +9,7 @@ context's kept query rows of a span stop). No llama_cpp, no state is changed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvmem.config import KVMemConfig, QueryPolicy, QueryReplay
 from kvmem.memory.spans import PromptSpans, TokenSpan
@@ -96,7 +96,7 @@ def resolve_spans(given: PromptSpans, n: int, config: KVMemConfig) -> PromptSpan
     spans = given.clipped(n)
     tail = TokenSpan(max(0, n - config.query_max_tokens), n)
     if config.query_policy is QueryPolicy.TAIL or spans.query is None:
-        return PromptSpans(spans.control, tail, spans.trajectory, spans.live or tail, spans.groups)
+        return replace(spans, query=tail, live=spans.live or tail)
     return spans
 
 
