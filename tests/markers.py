@@ -18,7 +18,14 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 BOTH = ("llama", "model")
 MODEL_DIRS = ("engine", "server", "cli", "ui", "conformance")
-NEITHER = frozenset({"conformance/test_launcher.py", "conformance/launcher.py"})
+NEITHER = frozenset(
+    {
+        "conformance/test_launcher.py",
+        "conformance/launcher.py",
+        "conformance/test_compare.py",
+        "conformance/compare.py",
+    }
+)
 FILE_MARKS: dict[str, tuple[str, ...]] = {
     "bench/test_bench_model.py": BOTH,
     "bench/test_lanes_bench.py": BOTH,

@@ -1,13 +1,15 @@
 """Run llama.cpp's server test suite (from the llama-cpp-python 0.3.36 sdist) against kvmem-server.
 
-    python tests/conformance/suite.py [--files test_basic ...] [--cache DIR]
+    python tests/conformance/suite.py [--files test_basic ...] [--cache DIR] [--server PATH]
 
 The sdist is downloaded with pip (`pip download --no-deps --no-binary :all:
 llama-cpp-python==0.3.36`) into the cache directory and `tools/server/tests` (plus the
 `models/templates` its template tests read) is extracted there; nothing of it is kept in
 this repository. The suite runs as it is (`-m "not slow"`) with LLAMA_SERVER_BIN_PATH
 pointing at a wrapper of `launcher.py`, which only maps the download flags to the local
-SmolLM2-135M-Instruct file. Prints one line per test and the pass count.
+SmolLM2-135M-Instruct file. Prints one line per test and the pass count. `--server PATH`
+runs the same suite, with the same launcher mapping, against another server binary (a real
+llama-server, for the comparison of scripts/conformance-compare.sh).
 """
 
 from __future__ import annotations
@@ -88,7 +90,9 @@ def _free_port() -> int:
 
 def write_wrapper(cache: Path) -> Path:
     wrapper = cache / "kvmem-llama-server"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "launcher.py"}" "$@"\n')
+    text = f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "launcher.py"}" "$@"\n'
+    if not wrapper.is_file() or wrapper.read_text() != text:  # another run may be using it
+        wrapper.write_text(text)
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return wrapper
 
@@ -98,15 +102,18 @@ def run_suite(
     cache: Path = DEFAULT_CACHE,
     extra_args: tuple[str, ...] = (),
     timeout: float | None = None,
+    server: str | None = None,
 ) -> list[Outcome]:
+    """The suite's outcomes against `server` (a binary path; kvmem-server when None)."""
     tests = fetch_suite(cache)
-    report = cache / "report.xml"
+    label = Path(server).name if server else "kvmem-server"
+    report = cache / f"report-{label}.xml"
     report.unlink(missing_ok=True)
     env = {
         **os.environ,
         "LLAMA_SERVER_BIN_PATH": str(write_wrapper(cache)),
         "KVMEM_CONFORMANCE_MODEL": smollm2_path(),
-        "KVMEM_CONFORMANCE_SERVER": server_command(),
+        "KVMEM_CONFORMANCE_SERVER": str(Path(server).resolve()) if server else server_command(),
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
         "PORT": str(_free_port()),  # the suite's utils.py reads it (default 8080)
     }
@@ -115,7 +122,7 @@ def run_suite(
         "-m", "not slow", f"--junitxml={report}", "-o", "junit_family=xunit1",
         *(f"unit/{name}.py" for name in files), *extra_args,
     ]  # fmt: skip
-    with (cache / "pytest.log").open("wb") as log:
+    with (cache / f"pytest-{label}.log").open("wb") as log:
         subprocess.run(cmd, cwd=tests, env=env, timeout=timeout, stdout=log, stderr=log)
     return parse_report(report)
 
@@ -123,6 +130,8 @@ def run_suite(
 def parse_report(path: Path) -> list[Outcome]:
     outcomes = []
     for case in ET.parse(path).getroot().iter("testcase"):
+        if not case.get("name"):
+            continue  # the entry pytest adds for an interrupted run
         name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
         outcome, message = "passed", ""
         for child in case:
@@ -144,9 +153,10 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--json", type=Path, help="write the outcomes as JSON")
     parser.add_argument("-k", help="pytest -k expression")
+    parser.add_argument("--server", help="the server binary to test (default: kvmem-server)")
     args = parser.parse_args()
     extra = ("-k", args.k) if args.k else ()
-    outcomes = run_suite(tuple(args.files), args.cache, extra)
+    outcomes = run_suite(tuple(args.files), args.cache, extra, server=args.server)
     for o in outcomes:
         print(f"{o.outcome:7} {o.test}  {o.message}")
     passed = sum(o.outcome == "passed" for o in outcomes)

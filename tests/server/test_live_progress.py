@@ -72,6 +72,25 @@ def test_completion_progress_one_chunk_per_batch(small_batch_server: LiveServer)
     assert oai[0]["choices"] == [{"text": "", "index": 0, "logprobs": None, "finish_reason": None}]
 
 
+def test_progress_chunks_carry_timings_with_timings_per_token(
+    small_batch_server: LiveServer,
+) -> None:
+    body = {"prompt": TEXT, "n_predict": 1, "stream": True, "return_progress": True}
+    with small_batch_server.http() as http:
+        native = _data(
+            http.post(
+                "/completion", json={**body, "cache_prompt": False, "timings_per_token": True}
+            ).text
+        )
+    chunks = [c for c in native if "prompt_progress" in c]
+    assert len(chunks) > 1
+    timings = [c["timings"] for c in chunks]
+    assert timings[0]["prompt_n"] == 0 and timings[0]["prompt_ms"] == 0.0
+    assert [t["prompt_n"] for t in timings] == [c["prompt_progress"]["processed"] for c in chunks]
+    assert [t["prompt_ms"] for t in timings] == sorted(t["prompt_ms"] for t in timings)
+    assert timings[-1]["prompt_ms"] > 0 and {t["predicted_n"] for t in timings} == {0}
+
+
 def test_chat_progress_chunks_are_role_deltas(small_batch_server: LiveServer) -> None:
     body = {
         "messages": [{"role": "user", "content": TEXT}],

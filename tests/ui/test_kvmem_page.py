@@ -3,7 +3,8 @@ window (512 + 128) is far smaller than its context (4096): a chat that outgrows 
 shows blocks retrieved; a reply cut by the output cap is marked and Continue resumes it; a
 conversation over the context is trimmed and goes on; code copies to the clipboard;
 conversations export and import as JSON; the prompt-progress bar follows recorded
-`prompt_progress` chunks. Every request stays on 127.0.0.1 (the driver's route guard)."""
+`prompt_progress` chunks, and moves during a real long paste on a server with a small `-b`.
+Every request stays on 127.0.0.1 (the driver's route guard)."""
 
 from __future__ import annotations
 
@@ -161,6 +162,18 @@ def test_a_conversation_over_the_context_is_trimmed_and_goes_on(
     assert "error" not in last and last["usage"]["completion_tokens"] > 0
     assert chat.last_reply().locator(".context-full").count() == 0
 
+    # a message larger than the context by itself goes back to the box for editing
+    chat.page.click("#new-chat")
+    chat.page.wait_for_selector("#messages .greeting")  # the new chat is drawn before sending
+    huge = "Read this: " + filler(20, 500)
+    chat.send(huge)
+    note = chat.last_reply().locator(".context-full")
+    text = note.locator(".text").text_content()
+    assert text.startswith("The last message alone is larger than the context (")
+    assert text.endswith(" tokens > 4096). Shorten it to go on.")
+    note.locator(".edit").click()
+    assert chat.page.input_value("#prompt") == huge
+    assert chat.page.locator(".msg").count() == 0 and chat.page.locator(".greeting").count() == 1
     chat.close()
 
 
@@ -262,4 +275,55 @@ def test_the_progress_bar_follows_recorded_prompt_progress(
         [3800, 3800, "prompt 3800 / 3800 tokens (100 cached) \u00b7 250.0 tok/s", False],
         True,
     ]
+    chat.close()
+
+
+# Every change of a reply's progress bar, as the page draws it (progress.js sets data-done on
+# each update): the old values of the attribute records and the value at each callback, with
+# whether the reply's text had started yet.
+WATCH_PROGRESS = """() => {
+  window.seenProgress = [];
+  const note = (box, done) => window.seenProgress.push({
+    done: Number(done), todo: Number(box.dataset.todo), hidden: box.hidden,
+    label: box.querySelector('.progress-label').textContent,
+    replyStarted: box.closest('.msg').querySelector('.body').textContent !== '',
+  });
+  new MutationObserver((records) => {
+    for (const r of records) {
+      if (r.oldValue !== null) note(r.target, r.oldValue);
+      note(r.target, r.target.dataset.done);
+    }
+  }).observe(document.getElementById('messages'),
+             { subtree: true, attributeFilter: ['data-done'], attributeOldValue: true });
+}"""
+PASTE_BATCH = 32  # -b/-ub of the paste test's server: a ~270-token paste is ~8 prefill chunks
+
+
+@pytest.fixture()
+def small_batch_server(tmp_path: Path) -> Iterator[LiveServer]:
+    batch = str(PASTE_BATCH)
+    server = start_server(("-c", "2048", "-b", batch, "-ub", batch, "-t", "2"), tmp_path)
+    yield server
+    assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_a_long_paste_shows_the_progress_bar_moving(
+    browser: Any, small_batch_server: LiveServer
+) -> None:
+    chat = Chat(browser, small_batch_server, cap=2)
+    chat.page.evaluate(WATCH_PROGRESS)
+    chat.send("Summarise: " + filler(40, 25))
+    assert chat.sent[-1]["return_progress"] is True
+    seen = chat.page.evaluate("() => window.seenProgress")
+    before_reply = [s for s in seen if not s["replyStarted"]]
+    values = [s["done"] for s in before_reply]
+    assert len(set(values)) >= 2, seen  # the bar moved while the prompt was processed
+    assert values == sorted(values)
+    assert all(not s["hidden"] for s in before_reply)
+    assert all(s["label"].startswith("prompt ") for s in before_reply)
+    prompt_tokens = chat.stored()[0]["messages"][-1]["usage"]["prompt_tokens"]
+    assert {s["todo"] for s in seen} == {prompt_tokens}  # a fresh server: nothing cached
+    assert values[-1] == prompt_tokens
+    assert " tok/s" in before_reply[-1]["label"]
+    assert chat.last_reply().locator(".prompt-progress").is_hidden()  # gone once the reply came
     chat.close()

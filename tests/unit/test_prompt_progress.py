@@ -9,7 +9,12 @@ from typing import Any
 
 from kvmem.engine.trace import PrefillProgress
 from kvmem.server.channel import EventChannel
-from kvmem.server.prompt_progress import ProgressReporter, ProgressSnapshot, native_progress_chunk
+from kvmem.server.prompt_progress import (
+    ProgressReporter,
+    ProgressSnapshot,
+    native_progress_chunk,
+    progress_timings,
+)
 
 
 class _Engine:
@@ -26,11 +31,11 @@ class _Engine:
         yield from prompt[:1]
 
 
-def _run(steps: list[PrefillProgress]) -> tuple[list[Any], _Engine]:
+def _run(steps: list[PrefillProgress], timings: bool = False) -> tuple[list[Any], _Engine]:
     async def main() -> tuple[list[Any], _Engine]:
         channel = EventChannel(asyncio.get_running_loop())
         engine = _Engine(steps)
-        wrapped = ProgressReporter(channel).wrap(engine)
+        wrapped = ProgressReporter(channel, timings=timings).wrap(engine)
         assert wrapped.name == "engine"  # everything else passes through
         assert list(wrapped.generate([7, 8], max_tokens=2)) == [7]
         assert list(wrapped.generate([9], max_tokens=1)) == [9]  # a later segment: no callback
@@ -62,6 +67,32 @@ def test_steps_forward_become_snapshots_and_a_replay_is_dropped() -> None:
     assert set(got[0].body) == {"total", "cache", "processed", "time_ms"}
     assert "progress" in engine.calls[0] and "progress" not in engine.calls[1]
     assert engine.calls[1] == {"max_tokens": 1}
+    assert all(e.timings is None for e in got)  # no timings_per_token
+
+
+def test_with_timings_per_token_each_snapshot_carries_the_prompt_timings() -> None:
+    got, _ = _run([PrefillProgress(10, 2, 2), PrefillProgress(10, 2, 10)], timings=True)
+    assert [e.timings for e in got] == [progress_timings(e.body) for e in got]
+    assert got[0].timings == {
+        "cache_n": 2,
+        "prompt_n": 0,
+        "prompt_ms": 0.0,
+        "prompt_per_token_ms": 0.0,
+        "prompt_per_second": 0.0,
+        "predicted_n": 0,
+        "predicted_ms": 0.0,
+        "predicted_per_token_ms": 0.0,
+        "predicted_per_second": 0.0,
+    }
+
+
+def test_progress_timings_are_the_processed_tokens_over_the_time() -> None:
+    timings = progress_timings({"total": 100, "cache": 20, "processed": 60, "time_ms": 200})
+    assert timings["cache_n"] == 20 and timings["prompt_n"] == 40
+    assert timings["prompt_ms"] == 200.0
+    assert timings["prompt_per_token_ms"] == 5.0
+    assert timings["prompt_per_second"] == 200.0
+    assert (timings["predicted_n"], timings["predicted_ms"]) == (0, 0.0)
 
 
 def test_native_chunk_is_a_token_chunk_without_a_token() -> None:

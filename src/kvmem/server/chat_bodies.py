@@ -186,9 +186,11 @@ class ChunkWriter:
     def role(self) -> str:
         return self._chunk({"role": "assistant", "content": None})
 
-    def progress(self, body: dict[str, int]) -> str:
-        """A return_progress chunk: a role delta with `prompt_progress`, as llama-server's."""
-        return self._chunk({"role": "assistant", "content": None}, prompt_progress=body)
+    def progress(self, body: dict[str, int], timings: dict[str, Any] | None = None) -> str:
+        """A return_progress chunk: a role delta with `prompt_progress` (and `timings` with
+        timings_per_token), as llama-server's."""
+        extra = {"timings": timings} if timings is not None else {}
+        return self._chunk({"role": "assistant", "content": None}, prompt_progress=body, **extra)
 
     def event(self, event: TurnEvent) -> list[str]:
         if isinstance(event, TokenLogprobs):  # sent with the next text delta

@@ -216,7 +216,11 @@ def prepare_chat_job(
         ignore_eos=bool(request.ignore_eos),
         top_logprobs=(request.top_logprobs or 0) if request.logprobs else None,
         timing_probe=TimingProbe() if request.timings_per_token and request.stream else None,
-        progress=ProgressReporter(channel) if request.return_progress and request.stream else None,
+        progress=(
+            ProgressReporter(channel, timings=bool(request.timings_per_token))
+            if request.return_progress and request.stream
+            else None
+        ),
         conversation_id=conversation_of(request.kvmem),
         pin_limit=pins,
     )

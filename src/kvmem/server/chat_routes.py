@@ -57,7 +57,7 @@ class _ChunkStream:
             self.writer.live_timings = event.body
             return []
         if isinstance(event, ProgressSnapshot):  # return_progress
-            return [self.writer.progress(event.body)]
+            return [self.writer.progress(event.body, event.timings)]
         return self.writer.event(event)
 
     def error(self, exc: Exception) -> list[str]:

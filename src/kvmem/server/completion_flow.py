@@ -100,7 +100,11 @@ def prepare_completion(
             banned_tokens=banned,
             grammar=_grammar(r),
             timing_probe=TimingProbe() if r.timings_per_token and r.stream else None,
-            progress=ProgressReporter(channel) if r.return_progress and r.stream else None,
+            progress=(
+                ProgressReporter(channel, timings=bool(r.timings_per_token))
+                if r.return_progress and r.stream
+                else None
+            ),
             cache_prompt=r.cache_prompt,
             conversation_id=conversation_of(r.kvmem),
         )

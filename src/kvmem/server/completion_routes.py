@@ -107,6 +107,8 @@ class _TokenStream:
             return []
         if isinstance(event, ProgressSnapshot):  # return_progress
             body = self.oai.progress(event.body) if self.oai else native_progress_chunk(event.body)
+            if event.timings is not None:  # timings_per_token
+                body["timings"] = event.timings
             return [sse_data(body)]
         if isinstance(event, CompletionDone):
             if self.oai is not None:

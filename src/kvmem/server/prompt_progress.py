@@ -7,7 +7,9 @@ A streamed request that sets `return_progress: true` gets one chunk with `prompt
 callback of `generate` (`kvmem.engine.trace.PrefillProgress`); `ProgressReporter.wrap`
 hands that callback to the turn's first `generate` call (later segments of a turn, such
 as a forced tool-call prefix, are not prompt processing a client waits on). A step that
-does not move `processed` forward (a replay against a new window) is not sent.
+does not move `processed` forward (a replay against a new window) is not sent. With
+`timings_per_token` each progress chunk also carries llama-server's `timings` of the prompt
+so far (`progress_timings`): the first one all zero, `prompt_ms` growing, nothing predicted.
 
 /completion chunks are the native token chunk with no token; /v1/completions chunks an
 empty text choice; /v1/chat/completions chunks a role delta, as llama-server sends them.
@@ -29,15 +31,34 @@ class ProgressSnapshot:
     """A `prompt_progress` body for the stream (worker -> route)."""
 
     body: dict[str, int]
+    timings: dict[str, Any] | None = None  # timings_per_token: the prompt's timings so far
+
+
+def progress_timings(body: dict[str, int]) -> dict[str, Any]:
+    """llama-server's `timings` for a progress step: the prompt so far, no tokens predicted."""
+    prompt_n = body["processed"] - body["cache"]
+    prompt_ms = float(body["time_ms"])
+    return {
+        "cache_n": body["cache"],
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n > 0 else 0.0,
+        "prompt_per_second": prompt_n * 1e3 / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": 0,
+        "predicted_ms": 0.0,
+        "predicted_per_token_ms": 0.0,
+        "predicted_per_second": 0.0,
+    }
 
 
 class ProgressReporter:
     """Puts a ProgressSnapshot on the job's channel for each step forward of the prefill."""
 
-    __slots__ = ("_channel", "_started", "_last")
+    __slots__ = ("_channel", "_started", "_last", "_timings")
 
-    def __init__(self, channel: EventChannel) -> None:
+    def __init__(self, channel: EventChannel, timings: bool = False) -> None:
         self._channel = channel
+        self._timings = timings  # timings_per_token: each snapshot carries progress_timings
         self._started: float | None = None
         self._last: int | None = None
 
@@ -58,7 +79,7 @@ class ProgressReporter:
             "processed": progress.processed,
             "time_ms": int((now - self._started) * 1e3),
         }
-        self._channel.put(ProgressSnapshot(body))
+        self._channel.put(ProgressSnapshot(body, progress_timings(body) if self._timings else None))
 
 
 class _ReportingEngine:
