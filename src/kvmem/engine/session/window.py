@@ -68,6 +68,7 @@ class GpuWindow(WindowResidency):
         return plan_stream(self.table, self.moved, self.config, at)
 
     def apply_stream(self, plan: StreamPlan) -> Moves:
+        """Evict and restore as planned (traced as KVMEM_STREAM when anything moves)."""
         moves = self.evict(plan.evict)
         if plan.evict or plan.stage_in:
             self.tracer.emit(
@@ -94,6 +95,7 @@ class GpuWindow(WindowResidency):
         )
 
     def apply_room(self, choice: RoomChoice) -> Moves:
+        """Evict the chosen blocks (traced as KVMEM_SPILL or KVMEM_EVICT)."""
         if not choice.victims:
             return Moves()
         moves = self.evict(list(choice.victims))
