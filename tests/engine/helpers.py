@@ -6,7 +6,7 @@ import io
 
 from kvmem.config import KVCacheTypes, KVMemConfig
 from kvmem.engine.engine import Engine
-from kvmem.engine.settings import EngineSettings
+from kvmem.engine_settings import EngineSettings
 from kvmem.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)

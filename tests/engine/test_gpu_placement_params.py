@@ -5,7 +5,7 @@ from __future__ import annotations
 import llama_cpp
 
 from kvmem.engine.llama.model import apply_placement
-from kvmem.engine.settings import GpuPlacement
+from kvmem.engine_settings import GpuPlacement
 
 
 def test_placement_sets_split_mode_main_gpu_and_tensor_split() -> None:

@@ -16,8 +16,8 @@ from kvmem.engine.engine import Engine
 from kvmem.engine.hybrid.hybrid_codec import build_hybrid_state, parse_hybrid_state
 from kvmem.engine.hybrid.recurrent_state import read_recurrent
 from kvmem.engine.llama.context import ContextSettings, LlamaContext
-from kvmem.engine.settings import EngineSettings
 from kvmem.engine.transfer.state_codec import parse_state
+from kvmem.engine_settings import EngineSettings
 from kvmem.errors import StateFormatError
 from kvmem.memory.host_store import BlockKV
 from kvmem.memory.spans import TokenSpan

@@ -22,8 +22,8 @@ from kvmem.engine.engine import Engine
 from kvmem.engine.hybrid.hybrid_codec import RecurrentState, parse_hybrid_state
 from kvmem.engine.hybrid.recurrent_state import read_recurrent
 from kvmem.engine.llama import model as model_module
-from kvmem.engine.settings import EngineSettings
 from kvmem.engine.transfer.state_codec import parse_state
+from kvmem.engine_settings import EngineSettings
 from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import GgmlType
 from kvmem.spec_config import SpecConfig, SpecType

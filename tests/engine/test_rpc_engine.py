@@ -12,8 +12,8 @@ import pytest
 
 from kvmem.config import KVMemConfig, QuerySource
 from kvmem.engine.engine import Engine
-from kvmem.engine.settings import EngineSettings, GpuPlacement
 from kvmem.engine.trace import TurnStats
+from kvmem.engine_settings import EngineSettings, GpuPlacement
 from kvmem.errors import RpcUnavailableError
 from kvmem.settings.rpc_endpoints import RpcEndpoint
 from tests.rpc_workers import Worker, endpoints, require_rpc, start_workers, stop_workers

@@ -29,7 +29,7 @@ NGRAM = SpecConfig(type=SpecType.NGRAM, n_max=3, gate=False)  # every step draft
 
 def _settings(path: str, kvmem: KVMemConfig):
     from kvmem.config import KVCacheTypes
-    from kvmem.engine.settings import EngineSettings
+    from kvmem.engine_settings import EngineSettings
 
     return EngineSettings(
         model_path=path,

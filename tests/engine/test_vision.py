@@ -13,7 +13,7 @@ from kvmem.bench.synth_mmproj import MmprojShape, write_mmproj
 from kvmem.config import KVMemConfig, QuerySource
 from kvmem.engine.engine import Engine
 from kvmem.engine.media.media import is_standin
-from kvmem.engine.settings import VisionSettings
+from kvmem.engine_settings import VisionSettings
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
 from .helpers import GREEDY, make_engine

@@ -7,7 +7,7 @@ import time
 
 from fastapi.testclient import TestClient
 
-from kvmem.engine.settings import EngineSettings
+from kvmem.engine_settings import EngineSettings
 from kvmem.server.settings import ServerSettings
 
 USER = [{"role": "user", "content": "Hi"}]

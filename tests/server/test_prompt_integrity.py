@@ -12,7 +12,7 @@ import pytest
 from kvmem.chat.prompt import build_prompt_tokens
 from kvmem.chat.template import ChatTemplate
 from kvmem.engine.engine import Engine
-from kvmem.engine.settings import EngineSettings
+from kvmem.engine_settings import EngineSettings
 
 pytestmark = pytest.mark.slow
 

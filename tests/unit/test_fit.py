@@ -14,7 +14,7 @@ import pytest
 
 from kvmem.cli.fit_flags import FIT_RESERVE_FRACTION, FitFlags, FitMode, fit_engine, fit_plan
 from kvmem.config import KVMemConfig
-from kvmem.engine.settings import EngineSettings
+from kvmem.engine_settings import EngineSettings
 from kvmem.errors import ConfigError
 from tests.unit.test_launch_recipes import write_header
 

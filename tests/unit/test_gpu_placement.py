@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvmem.cli.server_config import load_server_settings
-from kvmem.engine.settings import GpuPlacement
+from kvmem.engine_settings import GpuPlacement
 from kvmem.errors import ConfigError
 
 

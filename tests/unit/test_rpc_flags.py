@@ -14,7 +14,7 @@ import pytest
 from kvmem.cli.chat_cli import build_parser, settings_from_args
 from kvmem.cli.server_config import load_server_settings
 from kvmem.console import rpc_worker
-from kvmem.engine.settings import GpuPlacement
+from kvmem.engine_settings import GpuPlacement
 from kvmem.errors import ConfigError
 from kvmem.launch.main import main as launch_main
 from kvmem.settings.rpc_endpoints import RpcEndpoint

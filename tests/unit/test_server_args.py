@@ -10,7 +10,7 @@ import pytest
 from kvmem.cli.server_args import SERVER_FLAGS, build_server_parser
 from kvmem.cli.server_config import load_server_settings
 from kvmem.config import KVMemConfig, QueryAheadMode, QuerySource
-from kvmem.engine.settings import EngineSettings, GpuPlacement
+from kvmem.engine_settings import EngineSettings, GpuPlacement
 from kvmem.errors import ConfigError
 from kvmem.memory.exact_scorer import RankMode
 from kvmem.memory.ggml_types import GgmlType

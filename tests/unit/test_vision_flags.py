@@ -10,7 +10,7 @@ import pytest
 
 from kvmem.bench.synth_mmproj import MmprojShape, write_mmproj
 from kvmem.cli.server_config import load_server_settings
-from kvmem.engine.settings import VisionSettings
+from kvmem.engine_settings import VisionSettings
 from kvmem.errors import ConfigError
 
 

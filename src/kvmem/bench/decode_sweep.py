@@ -234,8 +234,7 @@ def add_ratios(results: list[SweepResult]) -> None:
 
 def engine_opener(settings: SweepSettings) -> Callable[[SweepPoint], BenchEngine]:
     from kvmem.engine.engine import Engine
-    from kvmem.engine.llama.host_staging import STAGING_BYTES
-    from kvmem.engine.settings import EngineSettings
+    from kvmem.engine_settings import STAGING_BYTES, EngineSettings
 
     def open_engine(point: SweepPoint) -> BenchEngine:
         kv = KVMemConfig(

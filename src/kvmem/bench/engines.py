@@ -27,7 +27,7 @@ from kvmem.cli.kvmem_flags import (
     strict_int,
 )
 from kvmem.config import KVCacheTypes, KVMemConfig
-from kvmem.engine.settings import EngineSettings, GpuPlacement
+from kvmem.engine_settings import EngineSettings, GpuPlacement
 from kvmem.errors import ConfigError
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.spans import TokenSpan

@@ -24,7 +24,7 @@ from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
 from kvmem.cli.progress_bar import stderr_bar
 from kvmem.config import KVMemConfig
-from kvmem.engine.settings import MAX_LANES, EngineSettings
+from kvmem.engine_settings import MAX_LANES, EngineSettings
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
 from kvmem.sampling import SamplingParams

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from kvmem.bench.report import add_run_arguments, format_table, machine_description, write_json
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.config import KVMemConfig
-from kvmem.engine.settings import EngineSettings
 from kvmem.engine.spec.draft_gate import DraftGate
+from kvmem.engine_settings import EngineSettings
 from kvmem.errors import ConfigError
 from kvmem.gguf.model_path import resolve_model_path
 from kvmem.gguf.nextn_meta import check_mtp_head

@@ -135,7 +135,7 @@ def paper_estimate(
 
 
 def run(ns: argparse.Namespace) -> dict[str, Any]:
-    from kvmem.engine.settings import EngineSettings, GpuPlacement
+    from kvmem.engine_settings import EngineSettings, GpuPlacement
 
     model = resolve_model_flag(ns.model, "-m")
     kvmem = KVMemConfig(budget=ns.budget, gen_reserve=ns.gen_reserve)

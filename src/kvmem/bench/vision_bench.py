@@ -24,7 +24,7 @@ from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.bench.synth_mmproj import MmprojShape, write_mmproj
 from kvmem.cli.kvmem_flags import strict_int
 from kvmem.config import KVMemConfig
-from kvmem.engine.settings import EngineSettings, VisionSettings
+from kvmem.engine_settings import EngineSettings, VisionSettings
 from kvmem.errors import ConfigError
 from kvmem.gguf.mmproj_meta import model_embd
 from kvmem.gguf.model_path import resolve_model_path

@@ -80,7 +80,7 @@ def parse_gpu_layers(value: str) -> int:
 
 def settings_from_args(ns: argparse.Namespace):
     """Validate everything and build EngineSettings (no model is loaded here)."""
-    from kvmem.engine.settings import EngineSettings, GpuPlacement
+    from kvmem.engine_settings import EngineSettings, GpuPlacement
 
     _check(ns)
     flags = kvmem_config_from_args(

@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from kvmem.config import KVMemConfig
-from kvmem.engine.settings import EngineSettings
+from kvmem.engine_settings import EngineSettings
 from kvmem.errors import ConfigError, ModelNotFoundError
 from kvmem.gguf.kv_size import MIB, parse_size, read_kv_geometry, size_budget, weights_bytes
 from kvmem.gguf.model_path import resolve_model_path

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 
 from kvmem.cli.server_flags import ModelFlags
-from kvmem.engine.settings import GpuPlacement
+from kvmem.engine_settings import GpuPlacement
 from kvmem.errors import ConfigError
 
 _DEVICE = re.compile(r"^[A-Za-z][A-Za-z_-]*?(\d+)$")

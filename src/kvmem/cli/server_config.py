@@ -30,7 +30,7 @@ from kvmem.cli.server_flags import LogFlags, ModelFlags, TemplateFlags, VisionFl
 from kvmem.cli.server_settings import ServerSettings, Source
 from kvmem.cli.spec_flags import spec_config_from_args
 from kvmem.cli.vision_config import vision_from_flags
-from kvmem.engine.settings import MAX_LANES, EngineSettings, VisionSettings
+from kvmem.engine_settings import MAX_LANES, EngineSettings, VisionSettings
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
 from kvmem.sampling import SamplingParams

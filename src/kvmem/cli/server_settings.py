@@ -15,7 +15,7 @@ from kvmem.chat.thinking import ThinkingDefaults
 from kvmem.cli.api_keys import ApiKeys
 from kvmem.cli.fit_flags import FitPlan
 from kvmem.cli.limit_flags import ServerLimits
-from kvmem.engine.settings import EngineSettings
+from kvmem.engine_settings import EngineSettings
 from kvmem.sampling import SamplingParams
 from kvmem.settings import Group, setting
 from kvmem.settings import values as t

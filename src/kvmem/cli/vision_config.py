@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from kvmem.cli.server_flags import VisionFlags
-from kvmem.engine.settings import VisionSettings
+from kvmem.engine_settings import VisionSettings
 from kvmem.errors import ConfigError
 from kvmem.gguf.mmproj_meta import check_projector
 from kvmem.gguf.model_path import resolve_model_path

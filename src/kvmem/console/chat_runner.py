@@ -15,7 +15,7 @@ from kvmem.chat.template import ChatTemplate
 from kvmem.cli.chat_commands import reply_room, save_conversation, switch_trace, too_long
 from kvmem.cli.progress_bar import PromptBar
 from kvmem.engine.engine import Engine
-from kvmem.engine.settings import EngineSettings
+from kvmem.engine_settings import EngineSettings
 from kvmem.errors import ConfigError, TurnCancelledError
 from kvmem.memory.spans import TokenSpan
 from kvmem.sampling import SamplingParams

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvmem.config import KVMemConfig, QuerySource
+from kvmem.engine_settings import EngineSettings
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.host_store import BlockStore, HostStore
 from kvmem.memory.query_rows import QueryRows
@@ -35,7 +36,6 @@ from .session.session import KVMemSession
 from .session.spec_target import SpecTarget
 from .session.turn_plan import ChunkGrid
 from .session.window import GpuWindow
-from .settings import EngineSettings
 from .spec.mtp_draft import MtpDrafter
 from .spec.spec_decode import spec_decoder
 from .trace import Tracer

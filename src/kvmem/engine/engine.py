@@ -13,6 +13,7 @@ from dataclasses import replace
 import llama_cpp
 import numpy as np
 
+from kvmem.engine_settings import EngineSettings
 from kvmem.errors import ConfigError, InvalidRequestError
 from kvmem.gguf.model_path import resolve_model_path
 from kvmem.memory.planner import RetrievalMethod
@@ -35,7 +36,6 @@ from .query.scoring_context import ScoringContext
 from .retrieval_parts import background_index, retrieval_parts
 from .session.session import KVMemSession
 from .session.window import TokenSpan
-from .settings import EngineSettings
 from .spec.mtp_draft import MtpDrafter
 from .trace import EngineStats, PrefillProgress, Tracer, TurnStats
 from .transfer.rpc_traffic import NetworkMeter

@@ -24,12 +24,12 @@ from dataclasses import fields, replace
 import llama_cpp
 
 from kvmem.config import lane_disk_dir
+from kvmem.engine_settings import MAX_LANES, EngineSettings
 from kvmem.errors import ConfigError
 from kvmem.gguf.model_path import resolve_model_path
 
 from .engine import Engine
 from .llama.model import LlamaModel, ModelInfo
-from .settings import MAX_LANES, EngineSettings
 from .trace import EngineStats
 
 logger = logging.getLogger(__name__)

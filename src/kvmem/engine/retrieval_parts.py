@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvmem.engine_settings import EngineSettings
 from kvmem.errors import ConfigError
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.retrieval_index import KeyGeometry, default_score_layers
@@ -17,7 +18,6 @@ from .llama.llama_lib import ggml_base
 from .llama.model import ModelInfo
 from .query.background_index import BackgroundIndex
 from .query.query_capture import QueryCapture, capture_staging
-from .settings import EngineSettings
 
 logger = logging.getLogger(__name__)
 

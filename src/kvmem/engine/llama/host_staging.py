@@ -18,7 +18,6 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-STAGING_BYTES = 1 << 30  # the reused (pinned) blob buffer; larger restores go in pieces
 _GRANULE = 64 << 20  # grow in steps of 64 MiB
 
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import llama_cpp
 
+from kvmem.engine_settings import GpuPlacement
 from kvmem.errors import ModelLoadError
 from kvmem.memory.rope import RopeParams, RopeType
 from kvmem.settings.rpc_endpoints import LayerPlacement
 
-from ..settings import GpuPlacement
 from . import rpc
 from .llama_lib import init_backend
 

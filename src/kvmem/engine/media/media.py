@@ -23,10 +23,10 @@ import llama_cpp
 import numpy as np
 from llama_cpp import mtmd_cpp as mtmd
 
+from kvmem.engine_settings import VisionSettings
 from kvmem.errors import ConfigError, InvalidRequestError, ModelLoadError
 
 from ..llama.model import LlamaModel
-from ..settings import VisionSettings
 
 logger = logging.getLogger(__name__)
 

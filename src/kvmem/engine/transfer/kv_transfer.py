@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvmem.engine_settings import STAGING_BYTES
 from kvmem.errors import KVTransferError
 from kvmem.memory.block_table import BlockTable, block_runs
 from kvmem.memory.host_store import BlockKV, HostStore
@@ -26,7 +27,7 @@ from kvmem.memory.retrieval_index import BlockKeys, RetrievalIndex
 from ..hybrid.hybrid_transfer import hybrid_blobs
 from ..llama.batch_rows import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ
 from ..llama.context import LlamaContext
-from ..llama.host_staging import STAGING_BYTES, StagingBuffer
+from ..llama.host_staging import StagingBuffer
 from ..llama.llama_lib import host_buffer_allocator
 from .block_buffers import BlockBuffers, shared_buffers, take_buffer
 from .harvest_split import owned_block, split_owned

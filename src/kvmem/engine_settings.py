@@ -1,7 +1,8 @@
 """The engine's settings records: what to load, where, and how (no llama_cpp).
 
 The CLI and the server build and validate these before any weights load; `Engine` and
-`LlamaModel` read them.
+`LlamaModel` read them. They sit outside `kvmem.engine` so that the CLI imports no engine
+module (tests/unit/test_layering.py).
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from kvmem.gguf.nextn_meta import check_mtp_head
 from kvmem.settings.rpc_endpoints import RpcEndpoint
 from kvmem.spec_config import SpecConfig
 
-from .llama.host_staging import STAGING_BYTES
-
 MAX_LANES = 4  # --parallel: engines sharing one model
+STAGING_BYTES = 1 << 30  # the reused (pinned) blob buffer; larger restores go in pieces
 
 
 @dataclass(frozen=True, slots=True)
