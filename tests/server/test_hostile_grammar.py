@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.server.conftest import LiveServer
-from tests.server.hostile_helpers import HI, normal_answer, start_limited
+from tests.server.hostile_helpers import HI, fresh_answer, normal_answer, start_limited
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +50,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 
 @pytest.fixture(scope="module")
-def expected_normal(server: LiveServer) -> str:
-    return normal_answer(server)
+def expected_normal(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A fresh server's greedy answer: the shared server must still give it after each case."""
+    return fresh_answer(ARGS, tmp_path_factory.mktemp("fresh"))
 
 
 def _healthy_and_same(server: LiveServer, expected: str) -> None:
