@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvmem.chat.json_limits import loads_limited
 from kvmem.chat.text_parts import joined_text
 from kvmem.errors import InvalidRequestError
 
@@ -111,9 +112,11 @@ def _message(item: dict[str, Any], at: str) -> dict[str, Any]:
 
 
 def _function_call(item: dict[str, Any], at: str) -> dict[str, Any]:
-    arguments = item.get("arguments")
+    arguments, where = item.get("arguments"), f"{at}.arguments"
     if not isinstance(arguments, str):
-        raise InvalidRequestError(f"{at}.arguments must be a JSON string", f"{at}.arguments")
+        raise InvalidRequestError(f"{where} must be a JSON string", where)
+    if arguments.strip() and not isinstance(loads_limited(arguments, where, where), dict):
+        raise InvalidRequestError(f"{where} must be a JSON object", where)
     return {
         "id": _string(item, "call_id", at),
         "type": "function",
