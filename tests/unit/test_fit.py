@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvmem.cli.fit_flags import FIT_RESERVE_FRACTION, FitFlags, FitMode, fit_engine, fit_plan
+from kvmem.cli.server_config import load_server_settings
 from kvmem.config import KVMemConfig
 from kvmem.engine_settings import EngineSettings
 from kvmem.errors import ConfigError
@@ -84,6 +85,18 @@ def test_fit_off_keeps_the_window_and_refuses_its_own_flags(model: str) -> None:
     on = FitFlags(FitMode.ON, gpu_mem=1 << 30)
     with pytest.raises(ConfigError, match="^--fit: sizes --kvmem-budget itself"):
         fit_engine(engine, on, 1)
+    defaults = EngineSettings(model_path=model)  # flags given with their default values
+    with pytest.raises(ConfigError, match="^--fit: sizes --kvmem-gen-reserve itself"):
+        fit_engine(defaults, on, 1, given=frozenset({"kvmem_gen_reserve"}))
+
+
+def test_a_window_flag_given_with_its_default_value_is_refused_with_fit_on(model: str) -> None:
+    argv = ["-m", model, "--fit", "on", "--gpu-mem", "4GiB"]
+    for flag, value in (("--kvmem-budget", "32768"), ("--kvmem-gen-reserve", "4096")):
+        with pytest.raises(ConfigError, match=f"^--fit: sizes {flag} itself"):
+            load_server_settings([*argv, flag, value], {})
+    settings, _ = load_server_settings(argv, {})
+    assert settings.fit is not None and settings.engine.kvmem.budget == settings.fit.budget
 
 
 def test_the_gpu_probe_gives_the_memory_and_the_window_is_set(model: str) -> None:

@@ -160,21 +160,32 @@ def fit_plan(
     )  # fmt: skip
 
 
+_WINDOW_FLAGS = (("kvmem_budget", "--kvmem-budget"), ("kvmem_gen_reserve", "--kvmem-gen-reserve"))
+
+
 def fit_engine(
-    engine: EngineSettings, flags: FitFlags, lanes: int, probe: GpuProbe | None = None
+    engine: EngineSettings,
+    flags: FitFlags,
+    lanes: int,
+    probe: GpuProbe | None = None,
+    given: frozenset[str] = frozenset(),
 ) -> tuple[EngineSettings, FitPlan | None]:
     """The engine's settings with the fitted window (unchanged with --fit off). A window
-    flag set to other than its default is refused with --fit on (it would be overridden)."""
+    flag that was given (`given`: the flags' dests set on the command line or in the
+    environment) or differs from its default is refused with --fit on: it would be
+    overridden."""
     if flags.fit is FitMode.OFF:
         if flags.gpu_mem is not None:
             raise ConfigError("--gpu-mem", "applies with --fit on only")
         return engine, None
     kv, default = engine.kvmem, KVMemConfig()
-    for flag, value, unset in (
-        ("--kvmem-budget", kv.budget, default.budget),
-        ("--kvmem-gen-reserve", kv.gen_reserve, default.gen_reserve),
+    for (dest, flag), value, unset in zip(
+        _WINDOW_FLAGS,
+        (kv.budget, kv.gen_reserve),
+        (default.budget, default.gen_reserve),
+        strict=True,
     ):
-        if value != unset:
+        if dest in given or value != unset:
             raise ConfigError("--fit", f"sizes {flag} itself: drop {flag} or use --fit off")
     if not engine.kvmem.enabled:
         raise ConfigError("--fit", "sizes the KVMem window: drop --no-kvmem")

@@ -62,6 +62,7 @@ class ParsedArgs:
     warnings: list[str] = field(default_factory=list)
     env_api_keys: list[tuple[str, str]] = field(default_factory=list)  # (value, source)
     env_api_key_files: list[tuple[str, str]] = field(default_factory=list)
+    given: frozenset[str] = frozenset()  # dests set on the command line or in the environment
 
 
 def parse_server_argv(argv: Sequence[str], environ: Mapping[str, str]) -> ParsedArgs:
@@ -70,8 +71,9 @@ def parse_server_argv(argv: Sequence[str], environ: Mapping[str, str]) -> Parsed
     warnings = check_env_names(environ, supported_names(bindings))
     env_values = {b.dest: v for b in bindings if (v := read_env_value(b, environ)) is not MISSING}
     ns = build_server_parser().parse_args(list(argv))
+    given = frozenset(vars(ns)) | frozenset(env_values)  # before resolve fills in defaults
     values, sources = resolve(Program.SERVER, ns, env_values)
-    parsed = ParsedArgs(values, sources, ns, warnings)
+    parsed = ParsedArgs(values, sources, ns, warnings, given=given)
     if "api_key" in env_values:
         parsed.env_api_keys.append((env_values["api_key"], "LLAMA_API_KEY"))
     if "api_key_file" in env_values:

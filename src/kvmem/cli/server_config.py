@@ -240,7 +240,7 @@ def settings_from_parsed(
             "--no-jinja is ignored: kvmem-server always renders Jinja chat templates"
         )
     engine = _engine(m, model, vision, flags, parsed)
-    engine, fit = fit_engine(engine, from_values(FitFlags, v), lanes, gpu_probe)
+    engine, fit = fit_engine(engine, from_values(FitFlags, v), lanes, gpu_probe, parsed.given)
     return from_values(  # the fields that declare a flag; the rest given here
         ServerSettings,
         v,
