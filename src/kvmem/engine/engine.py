@@ -17,7 +17,6 @@ from kvmem.engine_settings import EngineSettings
 from kvmem.errors import ConfigError, InvalidRequestError
 from kvmem.gguf.model_path import resolve_model_path
 from kvmem.memory.planner import RetrievalMethod
-from kvmem.memory.raw_query import raw_spans
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.spans import PromptSpans
 from kvmem.memory.tiered_store import MIB
@@ -231,7 +230,7 @@ class Engine:
         try:
             yield from self.session.generate(
                 prompt,
-                query=self._spans(prompt, query),
+                query=query,
                 sampling=sampling,
                 max_tokens=max_tokens,
                 grammar=grammar,
@@ -253,9 +252,7 @@ class Engine:
     ) -> np.ndarray:
         self._route(prompt)
         try:
-            return self.session.teacher_force(
-                prompt, continuation, query=self._spans(prompt, query)
-            )
+            return self.session.teacher_force(prompt, continuation, query=query)
         finally:
             self._account(self.session.last_turn)
             self._persist()
@@ -282,17 +279,6 @@ class Engine:
             self._persist()
             self._account_stores()
         return freed
-
-    def _spans(
-        self, prompt: Sequence[int], query: PromptSpans | TokenSpan | None
-    ) -> PromptSpans | TokenSpan | None:
-        """The caller's spans; for a raw prompt (none given), its last paragraph as the
-        query and its tail as the live span (memory.raw_query)."""
-        if query is not None or not prompt:
-            return query
-        n_tail = self.settings.kvmem.query_max_tokens
-        pieces = [self.model.piece(t, special=False) for t in prompt[-n_tail:]]
-        return raw_spans(len(prompt), pieces, n_tail)
 
     def _persist(self) -> None:
         """Checkpoint the session to --kvmem-disk-dir (queued behind the block writes);
