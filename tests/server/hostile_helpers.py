@@ -9,12 +9,25 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
+from hypothesis import HealthCheck, settings
 
 from tests.server.conftest import LiveServer, clean_env, free_port, server_command, wait_healthy
 
 ADDRESS_SPACE_LIMIT = 6 * 1024**3  # far below the 23 GB the min>max schema once reached
 HI = [{"role": "user", "content": "Say hi."}]
 NORMAL = {"messages": HI, "max_tokens": 4, "temperature": 0}  # a short greedy request
+
+
+def live_settings(cases: int) -> settings:
+    """Hypothesis settings for cases sent to a live server: `cases` derandomized examples
+    (CI draws the same ones for the same test source), no deadline, no example database."""
+    return settings(
+        max_examples=cases,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 def normal_answer(server: LiveServer) -> str:

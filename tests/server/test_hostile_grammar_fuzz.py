@@ -22,11 +22,17 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.server.conftest import LiveServer
-from tests.server.hostile_helpers import HI, fresh_answer, normal_answer, start_limited
+from tests.server.hostile_helpers import (
+    HI,
+    fresh_answer,
+    live_settings,
+    normal_answer,
+    start_limited,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -125,13 +131,7 @@ def test_generated_grammars_and_schemas_get_a_400_or_finish_in_time(server: Live
     seen: dict[str, int] = {}
     with httpx.Client(base_url=server.base_url, timeout=120) as http:
 
-        @settings(
-            max_examples=CASES,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        )
+        @live_settings(CASES)
         @given(case=cases)
         def check(case: tuple[str, dict[str, Any]]) -> None:
             route, body = case

@@ -162,6 +162,18 @@ def test_a_conversation_over_the_context_is_trimmed_and_goes_on(
     assert "error" not in last and last["usage"]["completion_tokens"] > 0
     assert chat.last_reply().locator(".context-full").count() == 0
 
+    # a message larger than the context by itself goes back to the box for editing
+    chat.page.click("#new-chat")
+    chat.page.wait_for_selector("#messages .greeting")  # the new chat is drawn before sending
+    huge = "Read this: " + filler(20, 500)
+    chat.send(huge)
+    note = chat.last_reply().locator(".context-full")
+    text = note.locator(".text").text_content()
+    assert text.startswith("The last message alone is larger than the context (")
+    assert text.endswith(" tokens > 4096). Shorten it to go on.")
+    note.locator(".edit").click()
+    assert chat.page.input_value("#prompt") == huge
+    assert chat.page.locator(".msg").count() == 0 and chat.page.locator(".greeting").count() == 1
     chat.close()
 
 

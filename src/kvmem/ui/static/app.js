@@ -271,10 +271,11 @@
     const user = conv.messages[i - 1];
     conv.messages.splice(i - 1, 2); // the message and its reply; the text goes back to the box
     conv.sentFrom = Math.min(conv.sentFrom || 0, conv.messages.length);
-    await putConversation(conv);
+    // the box and the view change at once; the stored copy follows
     renderMessages();
     $("prompt").value = user ? window.kvmemViews.textOf(user.content) : "";
     $("prompt").focus();
+    await putConversation(conv);
   }
 
   // ---- Images (only when the server reports vision)
