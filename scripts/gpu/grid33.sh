@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Issue 33 item 3 on one GPU: the BRIEF §5 grid for three retrieval variants, in one run of
+# the same code on the same machine (session 11, docs/benchmarks.md "H200, session 11").
+#
+#   MODEL=/tmp/qwen.gguf bash scripts/gpu/grid33.sh RES_DIR
+#
+# Qwen2.5-Coder-0.5B-Instruct, -c 32768 --kvmem-budget 4096 --kvmem-gen-reserve 512
+# --kv-dtype f16 -ngl all, greedy. Variants of retrieval (the only method whose figures
+# depend on them): default, s3584 (--kvmem-stream-tokens 3584), b64-s3584
+# (--kvmem-block-tokens 64 --kvmem-stream-tokens 3584). Steps, each in RES_DIR/STEP/
+# (JSON, stdout.txt, progress.log):
+#   needle-LAYOUT-LENGTH-base        full, recency, compact-rag (default flags), once
+#   needle-LAYOUT-LENGTH-VARIANT     retrieval with the variant's flags
+#     LAYOUT in tools, agent, document; LENGTH in 28672, 16384, 8192;
+#     passkey + multikey, 2 seeds x 5 depths (20 cases a cell)
+#   fidelity-VARIANT                 the 28K transcript, teacher-forced; default also runs
+#                                    recency and writes the full-context reference that the
+#                                    other two reuse (--reference-cache)
+#   agent-FINAL-base / -VARIANT      agent memory (3 episodes of 28,672), FINAL user | tool
+# Resumable: a step whose JSON is complete is skipped. JOBS needle/agent steps run at a time
+# (default 7, -t THREADS each, default 2) beside the fidelity chain (1, then 2 processes).
+set -u
+RES=${1:?usage: grid33.sh RES_DIR}
+MODEL=${MODEL:-/tmp/qwen.gguf}
+JOBS=${JOBS:-7}
+T=${THREADS:-2}
+PY=${PYTHON:-python3}
+REF=${REF:-/tmp/fidelity-ref}
+export OMP_NUM_THREADS=$T
+ENGINE="-m $MODEL -ngl all -t $T -c 32768 --kvmem-budget 4096 --kvmem-gen-reserve 512 --kv-dtype f16"
+GRID="--kinds passkey,multikey --seeds 2 --depths 5 --no-plots"
+declare -A FLAGS=(
+  [default]=""
+  [s3584]="--kvmem-stream-tokens 3584"
+  [b64-s3584]="--kvmem-block-tokens 64 --kvmem-stream-tokens 3584"
+)
+VARIANTS=(default s3584 b64-s3584)
+
+is_done() {
+  "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d.get("complete", True) else 1)' \
+    "$1" 2>/dev/null
+}
+
+step() { # NAME JSON ARGS...: one kvmem-bench command into RES/NAME
+  local name=$1 json=$2 dir=$RES/$1 t0 rc
+  shift 2
+  if is_done "$dir/$json"; then echo "[$name] done already"; return 0; fi
+  mkdir -p "$dir"
+  t0=$(date +%s)
+  echo "[$name] start: kvmem-bench $*"
+  # shellcheck disable=SC2068
+  "$PY" -m kvmem.bench.main --progress $@ --out "$dir" >"$dir/stdout.txt" 2>"$dir/progress.log"
+  rc=$?
+  echo "[$name] rc=$rc in $(($(date +%s) - t0)) s"
+  return $rc
+}
+
+fidelity_chain() {
+  local fid="fidelity $ENGINE --target-tokens 28672 --reference-cache $REF"
+  mkdir -p "$REF"
+  step fidelity-default fidelity.json $fid --methods retrieval,recency
+  step fidelity-s3584 fidelity.json $fid --methods retrieval ${FLAGS[s3584]} &
+  step fidelity-b64-s3584 fidelity.json $fid --methods retrieval ${FLAGS[b64-s3584]} &
+  wait
+}
+
+queue() { # one line per step: NAME|JSON|ARGS
+  local len layout final v
+  for len in 28672 16384 8192; do
+    for layout in tools agent document; do
+      local needle="needle $ENGINE $GRID --layouts $layout --lengths $len"
+      echo "needle-$layout-$len-base|needle.json|$needle --methods full,recency,compact-rag"
+      for v in "${VARIANTS[@]}"; do
+        echo "needle-$layout-$len-$v|needle.json|$needle --methods retrieval ${FLAGS[$v]}"
+      done
+    done
+  done
+  for final in user tool; do
+    local agent="agent $ENGINE --episodes 3 --target-tokens 28672 --final $final"
+    echo "agent-$final-base|agent.json|$agent --methods full,recency,compact-rag"
+    for v in "${VARIANTS[@]}"; do
+      echo "agent-$final-$v|agent.json|$agent --methods retrieval ${FLAGS[$v]}"
+    done
+  done
+}
+
+mkdir -p "$RES"
+T0=$(date +%s)
+fidelity_chain &
+while IFS='|' read -r name json args; do
+  while [ "$(jobs -rp | wc -l)" -gt "$JOBS" ]; do wait -n; done # the chain holds one slot
+  # shellcheck disable=SC2086
+  step "$name" "$json" $args &
+done < <(queue)
+wait
+echo "grid: $(($(date +%s) - T0)) s"
+touch "$RES/ALL_DONE"
