@@ -19,6 +19,10 @@
 #   agent-FINAL-base / -VARIANT      agent memory (3 episodes of 28,672), FINAL user | tool
 # Resumable: a step whose JSON is complete is skipped. JOBS needle/agent steps run at a time
 # (default 7, -t THREADS each, default 2) beside the fidelity chain (1, then 2 processes).
+# ONLY (an extended regex) runs the steps whose names match. CPU smoke run (SmolLM2, 1K
+# cases; the figures mean nothing): MODEL=<SmolLM2 gguf> NGL=0 CTX=4096 BUDGET=512
+# RESERVE=128 STREAM=384 LENGTHS=1024 KINDS=passkey SEEDS=1 DEPTHS=1 EPISODES=1
+# AGENT_TOKENS=1024 FID_TOKENS=1536 JOBS=1 THREADS=1 ONLY='agent-1024|fidelity'.
 set -u
 RES=${1:?usage: grid33.sh RES_DIR}
 MODEL=${MODEL:-/tmp/qwen.gguf}
@@ -27,12 +31,16 @@ T=${THREADS:-2}
 PY=${PYTHON:-python3}
 REF=${REF:-/tmp/fidelity-ref}
 export OMP_NUM_THREADS=$T
-ENGINE="-m $MODEL -ngl all -t $T -c 32768 --kvmem-budget 4096 --kvmem-gen-reserve 512 --kv-dtype f16"
-GRID="--kinds passkey,multikey --seeds 2 --depths 5 --no-plots"
+ONLY=${ONLY:-.}
+S=${STREAM:-3584}
+ENGINE="-m $MODEL -ngl ${NGL:-all} -t $T -c ${CTX:-32768} --kvmem-budget ${BUDGET:-4096}"
+ENGINE+=" --kvmem-gen-reserve ${RESERVE:-512} --kv-dtype f16"
+GRID="--kinds ${KINDS:-passkey,multikey} --seeds ${SEEDS:-2} --depths ${DEPTHS:-5} --no-plots"
+FID_TOKENS=${FID_TOKENS:-28672}
 declare -A FLAGS=(
   [default]=""
-  [s3584]="--kvmem-stream-tokens 3584"
-  [b64-s3584]="--kvmem-block-tokens 64 --kvmem-stream-tokens 3584"
+  [s3584]="--kvmem-stream-tokens $S"
+  [b64-s3584]="--kvmem-block-tokens 64 --kvmem-stream-tokens $S"
 )
 VARIANTS=(default s3584 b64-s3584)
 
@@ -44,6 +52,7 @@ is_done() {
 step() { # NAME JSON ARGS...: one kvmem-bench command into RES/NAME
   local name=$1 json=$2 dir=$RES/$1 t0 rc
   shift 2
+  [[ $name =~ $ONLY ]] || return 0
   if is_done "$dir/$json"; then echo "[$name] done already"; return 0; fi
   mkdir -p "$dir"
   t0=$(date +%s)
@@ -56,7 +65,7 @@ step() { # NAME JSON ARGS...: one kvmem-bench command into RES/NAME
 }
 
 fidelity_chain() {
-  local fid="fidelity $ENGINE --target-tokens 28672 --reference-cache $REF"
+  local fid="fidelity $ENGINE --target-tokens $FID_TOKENS --reference-cache $REF"
   mkdir -p "$REF"
   step fidelity-default fidelity.json $fid --methods retrieval,recency
   step fidelity-s3584 fidelity.json $fid --methods retrieval ${FLAGS[s3584]} &
@@ -66,7 +75,7 @@ fidelity_chain() {
 
 queue() { # one line per step: NAME|JSON|ARGS
   local len layout final v
-  for len in 28672 16384 8192; do
+  for len in ${LENGTHS:-28672 16384 8192}; do
     for layout in tools agent document; do
       local needle="needle $ENGINE $GRID --layouts $layout --lengths $len"
       echo "needle-$layout-$len-base|needle.json|$needle --methods full,recency,compact-rag"
@@ -76,7 +85,7 @@ queue() { # one line per step: NAME|JSON|ARGS
     done
   done
   for final in user tool; do
-    local agent="agent $ENGINE --episodes 3 --target-tokens 28672 --final $final"
+    local agent="agent $ENGINE --episodes ${EPISODES:-3} --target-tokens ${AGENT_TOKENS:-28672} --final $final"
     echo "agent-$final-base|agent.json|$agent --methods full,recency,compact-rag"
     for v in "${VARIANTS[@]}"; do
       echo "agent-$final-$v|agent.json|$agent --methods retrieval ${FLAGS[$v]}"
