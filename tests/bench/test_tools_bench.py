@@ -34,6 +34,7 @@ class StubState:
         self.transfer: dict[str, dict[str, float]] = {}
         self.order: list[str] | None = None  # shared by stubs: which one served each request
         self.name = "stub"
+        self.fail_at: int | None = None  # the request (0-based) answered with a 400
 
     def add_transfer(self, path: str, ms: float, n_bytes: int = 0) -> None:
         t = self.transfer.setdefault(path, {"calls": 0, "ms": 0.0, "bytes": 0, "gb_s": None})
@@ -69,6 +70,13 @@ def make_handler(state: StubState) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             state.requests.append(req)
+            if len(state.requests) - 1 == state.fail_at:
+                body = b'{"error": {"message": "too long", "type": "invalid_request_error"}}'
+                self.send_response(400)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             prompt = sum(len(m.get("content") or "") for m in req["messages"]) // 3
             cached = state.prev_prompt
             state.prev_prompt = prompt
@@ -275,6 +283,22 @@ def test_several_servers_get_the_same_requests_interleaved(
     for name in ("a", "b"):
         doc = json.loads((tmp_path / f"tools_{name}.json").read_text())
         assert doc["label"] == name and doc["loop"]["harvest_reads"] == 4
+
+
+def test_a_failed_round_still_reports_the_rounds_before_it(
+    stub: tuple[str, StubState], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, state = stub
+    state.fail_at = 2
+    argv = ["tools", "--url", url, "--label", "stub", "--rounds", "3", "--server-pid", "1"]
+    assert (
+        main([*argv, "--target-tokens", "4000", "--gen-tokens", "8", "--out", str(tmp_path)]) == 2
+    )
+    captured = capsys.readouterr()
+    assert "error: " in captured.err and "HTTP 400" in captured.err
+    assert "tool loop: what the turns waited for" in captured.out
+    doc = json.loads((tmp_path / "tools_stub.json").read_text())
+    assert doc["summary"]["rounds"] == 1 and doc["loop"]["harvest_reads"] == 2
 
 
 def test_tools_labels_must_match_the_urls(capsys: pytest.CaptureFixture[str]) -> None:

@@ -54,7 +54,7 @@ from kvmem.bench.tools_records import (
 from kvmem.bench.transfer_report import bandwidths, transfer_table
 from kvmem.cli.kvmem_flags import strict_float, strict_int
 from kvmem.cli.progress_bar import stderr_bar
-from kvmem.errors import BenchServerError, ConfigError
+from kvmem.errors import BenchServerError, ConfigError, KVMemError
 
 logger = logging.getLogger(__name__)
 
@@ -233,6 +233,7 @@ def run(ns: argparse.Namespace) -> int:
             logs[target.label].write(json.dumps(asdict(record)) + "\n")
             logs[target.label].flush()
 
+    failure: KVMemError | None = None
     try:
         run_tools(
             plan,
@@ -243,12 +244,18 @@ def run(ns: argparse.Namespace) -> int:
             ns.ignore_eos,
             on_round,
         )
+    except KVMemError as exc:  # report the rounds that ran, then fail
+        failure = exc
     finally:
         for log in logs.values():
             log.close()
-    reports = [_report(t, plan, out_dir, time.perf_counter() - t0) for t in targets]
-    print()
-    print(loop_table(reports))
+    seconds = time.perf_counter() - t0
+    reports = [_report(t, plan, out_dir, seconds) for t in targets if t.records]
+    if reports:
+        print()
+        print(loop_table(reports))
+    if failure is not None:
+        raise failure
     return 0
 
 
