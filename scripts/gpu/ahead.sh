@@ -6,7 +6,8 @@
 #   scripts/gpu/ahead.sh setup            CUDA build (../shared/gpu copied to .gpu/, ~5 min),
 #                                         the 8B-shape model at /tmp/m8b.gguf, /tmp/env.sh
 #   scripts/gpu/ahead.sh STEP [STEP ...]  ds32 | ds256 | ds32-hN | ds256-hN (--harvest-tokens N)
-#                                         | tools-on | tools-off | tools-on-hN, into /tmp/res,
+#                                         | tools-on | tools-off | tools-on-hN, into /tmp/res
+#                                         (N default 8192, the flag's default),
 #                                         then $OUT/res.tgz and the servers' traces
 #
 # Each call of the device tool lays the tree anew: carry .gpu (and the wheels in .whl:
@@ -41,7 +42,7 @@ for step in "$@"; do
   case $step in
     ds32 | ds256 | ds32-h* | ds256-h*)  # -hN: --harvest-tokens N, the scoring source alone
       ctx=$([ "${step%%-*}" = ds32 ] && echo 32768 || echo 262144)
-      harvest=0 configs=kvmem-scoring
+      harvest=8192 configs=kvmem-scoring  # the default of --kvmem-harvest-tokens
       case $step in
         *-h*) harvest=${step#*-h} ;;
         ds32) configs=stock,kvmem-scoring,kvmem-scoring-after ;;
@@ -51,7 +52,7 @@ for step in "$@"; do
         --harvest-tokens "$harvest" --out "/tmp/res/$step" > "/tmp/res/$step.txt" 2>&1
       tail -25 "/tmp/res/$step.txt" ;;
     tools-on | tools-off | tools-on-h*)  # -hN: --kvmem-harvest-tokens N (else $HARVEST)
-      name=${step#tools-} harvest=${HARVEST:-0}
+      name=${step#tools-} harvest=${HARVEST:-8192}
       ahead=${name%%-*}
       case $step in *-h*) harvest=${step#*-h} ;; esac
       python3 -m kvmem.server.main -m /tmp/m8b.gguf -c 262144 --kv-dtype q8_0 -fa on \

@@ -14,6 +14,7 @@ from kvmem.bench.http_client import StreamOutcome, parse_prometheus
 from kvmem.bench.main import main
 from kvmem.bench.summarize import summarize_dir
 from kvmem.bench.tools_data import ToolFormat, ToolsPlan, build_conversations, request_body
+from kvmem.bench.tools_loop import add_round, round_delta
 from kvmem.bench.tools_records import make_record, summarize_rounds
 
 
@@ -29,6 +30,17 @@ class StubState:
             "kvmem_stage_in_blocks_total": 0.0,
             "kvmem_host_store_bytes": 0.0,
         }
+        # /props kvmem.transfer: each request adds one harvest read and one restore
+        self.transfer: dict[str, dict[str, float]] = {}
+        self.order: list[str] | None = None  # shared by stubs: which one served each request
+        self.name = "stub"
+        self.fail_at: int | None = None  # the request (0-based) answered with a 400
+
+    def add_transfer(self, path: str, ms: float, n_bytes: int = 0) -> None:
+        t = self.transfer.setdefault(path, {"calls": 0, "ms": 0.0, "bytes": 0, "gb_s": None})
+        t["calls"] += 1
+        t["ms"] += ms
+        t["bytes"] += n_bytes
 
 
 def make_handler(state: StubState) -> type[BaseHTTPRequestHandler]:
@@ -39,6 +51,10 @@ def make_handler(state: StubState) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if self.path == "/health":
                 body = b'{"status": "ok"}'
+            elif self.path == "/props":
+                staging = {"bytes": 3 << 20, "staging_bytes": 2 << 20, "ahead_bytes": 1 << 20}
+                body = json.dumps({"kvmem": {"transfer": {**state.transfer, "staging": staging}}})
+                body = body.encode()
             elif self.path == "/metrics":
                 body = "".join(
                     f"# TYPE {k} counter\n{k} {v}\n" for k, v in state.metrics.items()
@@ -54,6 +70,13 @@ def make_handler(state: StubState) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             state.requests.append(req)
+            if len(state.requests) - 1 == state.fail_at:
+                body = b'{"error": {"message": "too long", "type": "invalid_request_error"}}'
+                self.send_response(400)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             prompt = sum(len(m.get("content") or "") for m in req["messages"]) // 3
             cached = state.prev_prompt
             state.prev_prompt = prompt
@@ -64,6 +87,13 @@ def make_handler(state: StubState) -> type[BaseHTTPRequestHandler]:
             m["kvmem_stage_in_bytes_total"] += 1000
             m["kvmem_stage_in_blocks_total"] += 2
             m["kvmem_host_store_bytes"] = 10.0 * prompt
+            state.add_transfer("state_get", 8.0, 4000)
+            state.add_transfer("copy_wait", 2.0)
+            state.add_transfer("state_build_ahead", 6.0, 3000)
+            state.add_transfer("ahead_wait", 1.0)
+            state.add_transfer("state_set", 3.0, 3000)
+            if state.order is not None:
+                state.order.append(state.name)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
@@ -207,8 +237,97 @@ def test_tools_command_against_a_stub_server(
     assert doc["summary"]["initial_prefill_tok_s"] == pytest.approx(new / 1.96)
     assert doc["summary"]["decode_tok_s"] == pytest.approx(30.0)
     assert (tmp_path / "tools_stub.png").stat().st_size > 1000
+    # the loop report: the stub's profile grows by the same paths every request
+    loop = doc["loop"]
+    assert loop["harvest_reads"] == 4 and loop["harvest_read_ms"] == 32.0
+    assert loop["harvest_ms"] == 40.0 and loop["harvested_bytes"] == 16000  # + copy_wait
+    assert loop["build_ahead_ms"] == 24.0 and loop["built_ahead_blocks"] == 4
+    assert (loop["build_on_path_ms"], loop["ahead_wait_ms"], loop["state_set_ms"]) == (0, 4, 12)
+    assert loop["restore_ms"] == 16.0 and loop["build_wait_ms"] == 4.0
+    assert loop["build_wait_share"] == 0.25 and loop["staging_bytes"] == 3 << 20
+    assert loop["reselect_s"] == pytest.approx(0.04)
+    assert loop["reselect_share"] == pytest.approx(0.04 / doc["summary"]["wall_s"])
+    assert loop["prefill_ratio"] == pytest.approx(1.96 / 2.0)
+    assert doc["transfer_rounds"]["state_get"]["calls"] == doc["transfer"]["state_get"]["calls"]
+    assert doc["staging"]["ahead_bytes"] == 1 << 20 and "staging" not in doc["transfer"]
     text = summarize_dir(tmp_path)
     assert "tool benchmark summary" in text and "stub" in text
+
+
+def test_several_servers_get_the_same_requests_interleaved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Round k starts at server k mod n; every server gets byte-identical requests."""
+    order: list[str] = []
+    states, servers, args = [], [], ["tools", "--rounds", "3", "--target-tokens", "4000"]
+    for name in ("a", "b"):
+        state = StubState()
+        state.order, state.name = order, name
+        server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(state))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        states.append(state)
+        servers.append(server)
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        args += ["--url", url, "--label", name, "--server-pid", "1"]
+    try:
+        assert main([*args, "--gen-tokens", "8", "--out", str(tmp_path)]) == 0
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert states[0].requests == states[1].requests and len(states[0].requests) == 4
+    out = capsys.readouterr().out
+    table = out[out.index("tool loop: what the turns waited for") :].splitlines()
+    assert [line.split()[0] for line in table[3:5]] == ["a", "b"]
+    for name in ("a", "b"):
+        doc = json.loads((tmp_path / f"tools_{name}.json").read_text())
+        assert doc["label"] == name and doc["loop"]["harvest_reads"] == 4
+
+
+def test_a_failed_round_still_reports_the_rounds_before_it(
+    stub: tuple[str, StubState], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, state = stub
+    state.fail_at = 2
+    argv = ["tools", "--url", url, "--label", "stub", "--rounds", "3", "--server-pid", "1"]
+    assert (
+        main([*argv, "--target-tokens", "4000", "--gen-tokens", "8", "--out", str(tmp_path)]) == 2
+    )
+    captured = capsys.readouterr()
+    assert "error: " in captured.err and "HTTP 400" in captured.err
+    assert "tool loop: what the turns waited for" in captured.out
+    doc = json.loads((tmp_path / "tools_stub.json").read_text())
+    assert doc["summary"]["rounds"] == 1 and doc["loop"]["harvest_reads"] == 2
+
+
+def test_tools_labels_must_match_the_urls(capsys: pytest.CaptureFixture[str]) -> None:
+    two = ["tools", "--url", "http://127.0.0.1:1", "--url", "http://127.0.0.1:2"]
+    assert main(two) == 2
+    assert "error: --label: give one distinct --label per --url" in capsys.readouterr().err
+    assert main([*two, "--label", "a", "--label", "b", "--server-pid", "1"]) == 2
+    assert "error: --server-pid: give one --server-pid per --url" in capsys.readouterr().err
+
+
+def test_round_deltas_survive_a_cleared_profile() -> None:
+    """A round whose profile went down (the engine was reset) counts all of its after."""
+    before = {"state_get": {"calls": 5, "ms": 50.0, "bytes": 500, "gb_s": 0.01}}
+    after = {
+        "state_get": {"calls": 2, "ms": 7.0, "bytes": 300, "gb_s": None},
+        "state_set": {"calls": 1, "ms": 1.5, "bytes": 10},
+        "staging": {"bytes": 1 << 26},
+    }
+    delta = round_delta(before, after)
+    assert delta == {
+        "state_get": {"calls": 2.0, "ms": 7.0, "bytes": 300.0, "net_bytes": 0.0},
+        "state_set": {"calls": 1.0, "ms": 1.5, "bytes": 10.0, "net_bytes": 0.0},
+    }
+    grown = {"state_get": {"calls": 4, "ms": 9.5, "bytes": 700}}
+    total: dict[str, dict[str, float]] = {}
+    add_round(total, delta)
+    add_round(total, round_delta(after, grown))
+    assert total["state_get"] == {"calls": 4.0, "ms": 9.5, "bytes": 700.0, "net_bytes": 0.0}
+    assert total["state_set"]["ms"] == 1.5
 
 
 def test_summarize_reads_partial_logs_and_other_commands(tmp_path: Path) -> None:

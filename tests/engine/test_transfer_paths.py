@@ -249,3 +249,36 @@ def test_a_harvest_past_the_staging_buffer_goes_in_pieces(smollm2_path):
             transfer.staging.close()
     finally:
         engine.close()
+
+
+def test_a_harvest_batch_split_across_the_staging_buffer_stays_bit_exact(smollm2_path):
+    """`--kvmem-harvest-tokens`: the blocks of two prefill chunks wait on the GPU and go to
+    the host in one batch; with a staging buffer of one block's blob that batch is read in
+    one piece per block. The stored bytes equal those of harvesting each chunk's blocks at
+    once through a buffer that holds them all."""
+    kvmem = KVMemConfig(budget=2048, gen_reserve=256, harvest_tokens=0)
+    tokens_at_once = make_engine(smollm2_path, cache="q8_0", kvmem=kvmem)
+    try:
+        tokens = filler_tokens(tokens_at_once, 7 * 128 + 10, seed=17)
+        tokens_at_once.reset()
+        tokens_at_once.teacher_force(tokens[:-1], [tokens[-1]])
+        reads = tokens_at_once.session.transfer.profile.paths[TransferPath.STATE_GET].calls
+        want = _stored(tokens_at_once)
+        one_block = 8 + kv_part_nbytes(tokens_at_once.session.transfer.layout, 128)
+    finally:
+        tokens_at_once.close()
+    assert reads == 3  # chunks of 512 tokens: the first block alone (layout), 3 blocks, 3
+    batched = KVMemConfig(budget=2048, gen_reserve=256, harvest_tokens=5 * 128)
+    engine = make_engine(smollm2_path, cache="q8_0", kvmem=batched)
+    transfer = engine.session.transfer
+    try:
+        transfer.staging = StagingBuffer(host_buffer_allocator(), one_block)
+        engine.reset()
+        engine.teacher_force(tokens[:-1], [tokens[-1]])
+        # one batch of the 7 complete blocks after the second chunk, a read per block
+        assert transfer.profile.paths[TransferPath.STATE_GET].calls == 7
+        assert engine.session.window.waiting == []
+        assert _stored(engine) == want
+        transfer.staging.close()
+    finally:
+        engine.close()

@@ -15,9 +15,9 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from kvmem.bench.http_client import (
     GpuMemoryProbe,
@@ -36,6 +36,14 @@ from kvmem.bench.tools_data import (
     build_conversations,
     request_body,
 )
+from kvmem.bench.tools_loop import (
+    STAGING,
+    LoopReport,
+    add_round,
+    loop_report,
+    loop_table,
+    round_delta,
+)
 from kvmem.bench.tools_records import (
     RoundRecord,
     make_record,
@@ -46,32 +54,57 @@ from kvmem.bench.tools_records import (
 from kvmem.bench.transfer_report import bandwidths, transfer_table
 from kvmem.cli.kvmem_flags import strict_float, strict_int
 from kvmem.cli.progress_bar import stderr_bar
-from kvmem.errors import BenchServerError, ConfigError
+from kvmem.errors import BenchServerError, ConfigError, KVMemError
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(slots=True)
+class ToolsTarget:
+    """One server of the run (a configuration) and what its rounds gave."""
+
+    label: str
+    url: str
+    pid: int | None
+    records: list[RoundRecord] = field(default_factory=list)
+    paths: dict[str, dict[str, float]] = field(default_factory=dict)  # summed round deltas
+    profile: dict[str, Any] = field(default_factory=dict)  # the last /props profile
+
+
 def run_tools(
     plan: ToolsPlan,
-    base_url: str,
+    targets: Sequence[ToolsTarget],
     model: str,
     api_key: str | None,
-    pid: int | None,
     gpu: GpuMemoryProbe,
     ignore_eos: bool,
-    on_round: Callable[[RoundRecord], None] | None = None,
-) -> list[RoundRecord]:
-    records = []
+    on_round: Callable[[ToolsTarget, RoundRecord], None] | None = None,
+) -> None:
+    """Every round on every target, the targets interleaved (round k starts at target
+    k mod n), so that all of them run under the same load."""
     for index, messages in enumerate(build_conversations(plan)):
-        before = fetch_metrics(base_url, api_key)
-        out = stream_chat(base_url, request_body(plan, messages, model, True, ignore_eos), api_key)
-        after = fetch_metrics(base_url, api_key)
-        rss = process_rss_bytes(pid) if pid is not None else None
-        record = make_record(index, out, before, after, rss, gpu.used_bytes())
-        records.append(record)
-        if on_round is not None:
-            on_round(record)
-    return records
+        shift = index % len(targets)
+        for target in [*targets[shift:], *targets[:shift]]:
+            body = request_body(plan, messages, model, True, ignore_eos)
+            record = _run_round(target, index, body, api_key, gpu)
+            if on_round is not None:
+                on_round(target, record)
+
+
+def _run_round(
+    target: ToolsTarget, index: int, body: dict[str, Any], api_key: str | None, gpu: GpuMemoryProbe
+) -> RoundRecord:
+    url = target.url
+    profile = server_transfer_profile(url, api_key)
+    before = fetch_metrics(url, api_key)
+    out = stream_chat(url, body, api_key)
+    after = fetch_metrics(url, api_key)
+    target.profile = server_transfer_profile(url, api_key)
+    add_round(target.paths, round_delta(profile, target.profile))
+    rss = process_rss_bytes(target.pid) if target.pid is not None else None
+    record = make_record(index, out, before, after, rss, gpu.used_bytes())
+    target.records.append(record)
+    return record
 
 
 def server_transfer_profile(base_url: str, api_key: str | None) -> dict[str, Any]:
@@ -110,13 +143,22 @@ def plot_rounds(records: Sequence[RoundRecord], label: str, path: Path) -> Path:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "tools", help="the 256K tool benchmark against a running kvmem-server"
+    p = subparsers.add_parser("tools", help="the 256K tool benchmark against running kvmem-servers")
+    p.add_argument(
+        "--url",
+        action="append",
+        default=None,
+        help="server base URL (default http://127.0.0.1:8080); repeat it for several "
+        "configurations, whose rounds then interleave",
     )
-    p.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL")
     p.add_argument("--model", default="kvmem", help="model name sent in requests")
     p.add_argument("--api-key", default=None)
-    p.add_argument("--label", default="kvmem", help="configuration name (file names, summaries)")
+    p.add_argument(
+        "--label",
+        action="append",
+        default=None,
+        help="configuration name (file names, summaries), one per --url (default kvmem)",
+    )
     p.add_argument("--rounds", type=strict_int, default=32)
     p.add_argument("--target-tokens", type=strict_int, default=262144)
     p.add_argument("--gen-tokens", type=strict_int, default=256, help="max_tokens of each request")
@@ -131,8 +173,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--server-pid",
         type=strict_int,
+        action="append",
         default=None,
-        help="pid for RSS (default: the local process listening on the URL's port)",
+        help="pid for RSS, one per --url (default: the local process listening on the URL's port)",
     )
     p.add_argument("--gpu-index", type=strict_int, default=0)
     p.add_argument(
@@ -140,6 +183,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", default=None, metavar="DIR")
     p.set_defaults(handler=run)
+
+
+def _targets(ns: argparse.Namespace) -> list[ToolsTarget]:
+    urls = [u.rstrip("/") for u in (ns.url or ["http://127.0.0.1:8080"])]
+    labels = ns.label or (["kvmem"] if len(urls) == 1 else [])
+    pids = ns.server_pid or [None] * len(urls)
+    if len(labels) != len(urls) or len(set(labels)) != len(labels):
+        raise ConfigError("--label", "give one distinct --label per --url")
+    if len(pids) != len(urls):
+        raise ConfigError("--server-pid", "give one --server-pid per --url, or none")
+    targets = []
+    for url, label, pid in zip(urls, labels, pids, strict=True):
+        if pid is None and url.rsplit(":", 1)[-1].isdigit():
+            pid = listening_pid(int(url.rsplit(":", 1)[-1]))
+        targets.append(ToolsTarget(label, url, pid))
+    return targets
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -153,67 +212,90 @@ def run(ns: argparse.Namespace) -> int:
         seed=ns.seed,
         tool_format=ToolFormat(ns.tool_format),
     )
-    base = ns.url.rstrip("/")
+    targets = _targets(ns)
     if ns.wait > 0:
-        wait_healthy(base, ns.wait, ns.api_key)
-    pid = ns.server_pid
-    if pid is None and base.rsplit(":", 1)[-1].isdigit():
-        pid = listening_pid(int(base.rsplit(":", 1)[-1]))
+        for target in targets:
+            wait_healthy(target.url, ns.wait, ns.api_key)
     out_dir = Path(ns.out) if ns.out else None
-    jsonl = None
+    logs: dict[str, TextIO] = {}
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        jsonl = (out_dir / f"tools_{ns.label}.jsonl").open("w")
+        logs = {t.label: (out_dir / f"tools_{t.label}.jsonl").open("w") for t in targets}
     t0 = time.perf_counter()
-    bar = stderr_bar(ns.progress_bar, total=ns.rounds + 1, desc="tools", unit="round")
+    bar = stderr_bar(
+        ns.progress_bar, total=(ns.rounds + 1) * len(targets), desc="tools", unit="round"
+    )
 
-    def on_round(record: RoundRecord) -> None:
+    def on_round(target: ToolsTarget, record: RoundRecord) -> None:
         bar.update()
-        logger.info("round %d: %s", record.round, record)
-        if jsonl is not None:
-            jsonl.write(json.dumps(asdict(record)) + "\n")
-            jsonl.flush()
+        logger.info("%s round %d: %s", target.label, record.round, record)
+        if target.label in logs:
+            logs[target.label].write(json.dumps(asdict(record)) + "\n")
+            logs[target.label].flush()
 
+    failure: KVMemError | None = None
     try:
-        records = run_tools(
+        run_tools(
             plan,
-            base,
+            targets,
             ns.model,
             ns.api_key,
-            pid,
             GpuMemoryProbe(ns.gpu_index),
             ns.ignore_eos,
             on_round,
         )
+    except KVMemError as exc:  # report the rounds that ran, then fail
+        failure = exc
     finally:
-        if jsonl is not None:
-            jsonl.close()
-    summary = summarize_rounds(ns.label, records)
-    transfer = server_transfer_profile(base, ns.api_key)
-    print(round_table(records))
+        for log in logs.values():
+            log.close()
+    seconds = time.perf_counter() - t0
+    reports = [_report(t, plan, out_dir, seconds) for t in targets if t.records]
+    if reports:
+        print()
+        print(loop_table(reports))
+    if failure is not None:
+        raise failure
+    return 0
+
+
+def _report(
+    target: ToolsTarget, plan: ToolsPlan, out_dir: Path | None, seconds: float
+) -> LoopReport:
+    """Print one target's tables, write its JSON and plot; its loop report."""
+    summary = summarize_rounds(target.label, target.records)
+    transfer = {k: v for k, v in target.profile.items() if k != STAGING}
+    report = loop_report(summary, target.paths, target.profile.get(STAGING))
+    print(round_table(target.records))
     print()
     print(summary_table([summary]))
     if transfer:
         print()
-        print(transfer_table([(ns.label, transfer)]))
-    if out_dir is not None:
-        try:
-            plot: Path | None = plot_rounds(records, ns.label, out_dir / f"tools_{ns.label}.png")
-        except ImportError as exc:  # matplotlib missing or broken: keep the numbers
-            logger.warning("no plot: %s", exc)
-            plot = None
-        payload: dict[str, Any] = {
-            "command": "tools",
-            "label": ns.label,
-            "plan": plan,
-            "url": base,
-            "machine": machine_description(),
-            "summary": summary,
-            "transfer": transfer,
-            "bandwidths": bandwidths(transfer) if transfer else {},
-            "plot": str(plot) if plot is not None else None,
-            "seconds": time.perf_counter() - t0,
-        }
-        path = write_json(out_dir, f"tools_{ns.label}.json", payload)
-        print(f"\nwrote {path}, {plot or 'no plot'} and tools_{ns.label}.jsonl")
-    return 0
+        print(transfer_table([(target.label, transfer)]))
+    if out_dir is None:
+        return report
+    try:
+        plot: Path | None = plot_rounds(
+            target.records, target.label, out_dir / f"tools_{target.label}.png"
+        )
+    except ImportError as exc:  # matplotlib missing or broken: keep the numbers
+        logger.warning("no plot: %s", exc)
+        plot = None
+    payload: dict[str, Any] = {
+        "command": "tools",
+        "label": target.label,
+        "plan": plan,
+        "url": target.url,
+        "machine": machine_description(),
+        "summary": summary,
+        "loop": report,
+        "transfer": transfer,
+        "transfer_rounds": target.paths,
+        "staging": target.profile.get(STAGING),
+        "bandwidths": bandwidths(transfer) if transfer else {},
+        "plot": str(plot) if plot is not None else None,
+        "seconds": seconds,
+    }
+    path = write_json(out_dir, f"tools_{target.label}.json", payload)
+    print(f"\nwrote {path}, {plot or 'no plot'} and tools_{target.label}.jsonl")
+    return report

@@ -340,14 +340,15 @@ class Engine:
 
     def transfer_profile(self) -> dict[str, dict[str, float | int | None]]:
         """Time and bytes per data-movement path since the last reset (TransferPath), with
-        the eval callback's calls under `capture`."""
+        the eval callback's calls under `capture` and the host buffers held under `staging`
+        (KVTransfer.held_bytes)."""
         profile = self.session.transfer.profile
         capture = self._capture
         if capture is not None:
             profile.paths[TransferPath.CAPTURE] = PathTiming(
                 capture.node_calls, capture.read_ms, capture.read_bytes
             )
-        return profile.snapshot()
+        return {**profile.snapshot(), "staging": self.session.transfer.held_bytes()}
 
     def reset(self) -> None:
         self.session.transfer.profile.clear()

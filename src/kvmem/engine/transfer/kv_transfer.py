@@ -334,6 +334,14 @@ class KVTransfer:
         with prof.timed(TransferPath.SEQ_RM):
             self.ctx.seq_rm(RESTORE_SEQ, -1, -1)
 
+    def held_bytes(self) -> dict[str, float | int | None]:
+        """The host buffers held now: the staging buffer (its size follows the largest
+        harvest or restore blob, up to its limit: `--kvmem-harvest-tokens` sets the harvest
+        blob) and the buffer of the blobs built ahead; `bytes` is their sum."""
+        staging = self.staging.capacity if self.staging is not None else 0
+        ahead = self.ahead.buffer.capacity if self.ahead is not None else 0
+        return {"bytes": staging + ahead, "staging_bytes": staging, "ahead_bytes": ahead}
+
     def close(self) -> None:
         self.flush()
         if self.ahead is not None:
