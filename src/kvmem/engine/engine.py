@@ -17,6 +17,7 @@ from kvmem.engine_settings import EngineSettings
 from kvmem.errors import ConfigError, InvalidRequestError
 from kvmem.gguf.model_path import resolve_model_path
 from kvmem.memory.planner import RetrievalMethod
+from kvmem.memory.raw_query import raw_spans
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.spans import PromptSpans
 from kvmem.memory.tiered_store import MIB
@@ -230,7 +231,7 @@ class Engine:
         try:
             yield from self.session.generate(
                 prompt,
-                query=query,
+                query=self._spans(prompt, query),
                 sampling=sampling,
                 max_tokens=max_tokens,
                 grammar=grammar,
@@ -252,7 +253,9 @@ class Engine:
     ) -> np.ndarray:
         self._route(prompt)
         try:
-            return self.session.teacher_force(prompt, continuation, query=query)
+            return self.session.teacher_force(
+                prompt, continuation, query=self._spans(prompt, query)
+            )
         finally:
             self._account(self.session.last_turn)
             self._persist()
@@ -279,6 +282,17 @@ class Engine:
             self._persist()
             self._account_stores()
         return freed
+
+    def _spans(
+        self, prompt: Sequence[int], query: PromptSpans | TokenSpan | None
+    ) -> PromptSpans | TokenSpan | None:
+        """The caller's spans; for a raw prompt (none given), its last paragraph as the
+        query and its tail as the live span (memory.raw_query)."""
+        if query is not None or not prompt:
+            return query
+        n_tail = self.settings.kvmem.query_max_tokens
+        pieces = [self.model.piece(t, special=False) for t in prompt[-n_tail:]]
+        return raw_spans(len(prompt), pieces, n_tail)
 
     def _persist(self) -> None:
         """Checkpoint the session to --kvmem-disk-dir (queued behind the block writes);
