@@ -286,12 +286,14 @@ class Engine:
     def _spans(
         self, prompt: Sequence[int], query: PromptSpans | TokenSpan | None
     ) -> PromptSpans | TokenSpan | None:
-        """The caller's spans; for a raw prompt (none given), its last paragraph as the
-        query and its tail as the live span (memory.raw_query)."""
-        if query is not None or not prompt:
+        """The caller's spans; for a raw prompt of text (none given), its last paragraph
+        as the query and its tail as the live span (memory.raw_query). A tail holding image
+        stand-ins (ids outside the vocabulary) keeps the tail as the query."""
+        n_tail, n_vocab = self.settings.kvmem.query_max_tokens, self.info.n_vocab
+        tail = prompt[-n_tail:]
+        if query is not None or not prompt or not all(0 <= t < n_vocab for t in tail):
             return query
-        n_tail = self.settings.kvmem.query_max_tokens
-        pieces = [self.model.piece(t, special=False) for t in prompt[-n_tail:]]
+        pieces = [self.model.piece(t, special=False) for t in tail]
         return raw_spans(len(prompt), pieces, n_tail)
 
     def _persist(self) -> None:
