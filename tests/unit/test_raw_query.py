@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvmem.memory.raw_query import _after_last, question_start, raw_spans
+from kvmem.memory.raw_query import _after_last, question_start, raw_prompt_spans, raw_spans
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
 
@@ -54,6 +54,21 @@ def test_raw_spans_place_the_question_at_its_absolute_positions() -> None:
 def test_raw_spans_fall_back_to_the_tail() -> None:
     tail = TokenSpan(488, 1000)
     assert raw_spans(1000, [b"x"] * 512, 512) == PromptSpans(query=tail, live=tail)
+
+
+def test_raw_prompt_spans_read_only_the_tail_through_piece() -> None:
+    texts = {0: b"doc", 1: b"\n\n", 2: b"Question", 3: b":", 4: b" a", 5: b"?"}
+    prompt = [0] * 10 + [1, 2, 3, 4, 5]  # 15 tokens; the question is the last 4
+    read: list[int] = []
+
+    def piece(token: int) -> bytes:
+        read.append(token)
+        return texts[token]
+
+    assert raw_prompt_spans(prompt, piece, 8) == PromptSpans(
+        query=TokenSpan(11, 15), live=TokenSpan(7, 15)
+    )
+    assert read == prompt[7:]
 
 
 def _after_last_reference(pieces: list[bytes], separator: bytes, min_tokens: int) -> int | None:

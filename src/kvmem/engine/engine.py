@@ -17,7 +17,7 @@ from kvmem.engine_settings import EngineSettings
 from kvmem.errors import ConfigError, InvalidRequestError
 from kvmem.gguf.model_path import resolve_model_path
 from kvmem.memory.planner import RetrievalMethod
-from kvmem.memory.raw_query import raw_spans
+from kvmem.memory.raw_query import raw_prompt_spans
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.spans import PromptSpans
 from kvmem.memory.tiered_store import MIB
@@ -293,8 +293,7 @@ class Engine:
         tail = prompt[-n_tail:]
         if query is not None or not prompt or not all(0 <= t < n_vocab for t in tail):
             return query
-        pieces = [self.model.piece(t, special=False) for t in tail]
-        return raw_spans(len(prompt), pieces, n_tail)
+        return raw_prompt_spans(prompt, self.token_bytes, n_tail)
 
     def _persist(self) -> None:
         """Checkpoint the session to --kvmem-disk-dir (queued behind the block writes);

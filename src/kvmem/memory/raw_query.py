@@ -11,7 +11,7 @@ last paragraph is the query.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 
 from .spans import PromptSpans, TokenSpan
@@ -58,3 +58,12 @@ def raw_spans(n: int, tail_pieces: Sequence[bytes], tail_tokens: int) -> PromptS
     if start is None:
         return PromptSpans(query=tail, live=tail)
     return PromptSpans(query=TokenSpan(n - len(tail_pieces) + start, n), live=tail)
+
+
+def raw_prompt_spans(
+    prompt: Sequence[int], piece: Callable[[int], bytes], tail_tokens: int
+) -> PromptSpans:
+    """`raw_spans` of the token ids `prompt`, each of its last `tail_tokens` ids turned into
+    its text by `piece` (the engine's query; the bench's text baseline ranks with the same)."""
+    pieces = [piece(t) for t in prompt[-tail_tokens:]] if tail_tokens > 0 else []
+    return raw_spans(len(prompt), pieces, tail_tokens)
