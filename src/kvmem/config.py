@@ -147,7 +147,8 @@ class KVMemConfig:
         QueryPolicy.AGENT, "--kvmem-query-policy",
         help="retrieval query: agent (the last user message and the live trajectory's tail), "
         "user (the last user message) or tail (the prompt's tail); without a user message "
-        "the query is the prompt's tail", **_KVMEM,
+        "(a raw prompt) the query is its question, the text after its last blank line "
+        "(tail: the prompt's tail)", **_KVMEM,
     )  # fmt: skip
     query_max_tokens: int = _n(512, "--kvmem-query-max-tokens", "last N tokens of the query used")
     query_source: QuerySource = setting(

@@ -140,7 +140,9 @@ def test_agent_loop_restores_the_early_tool_result(engines, source):
 
 
 @pytest.mark.parametrize("source", ["main", "scoring"])
-def test_raw_prompt_with_no_user_message_retrieves_from_its_tail(engines, source):
+def test_raw_prompt_with_no_user_message_retrieves_with_its_question(engines, source):
+    """A raw prompt's query is its question (memory.raw_query: the last lines), not the
+    document text of its tail; the tail stays pinned."""
     engine = engines[source]
     engine.reset()
     doc = (
@@ -155,9 +157,10 @@ def test_raw_prompt_with_no_user_message_retrieves_from_its_tail(engines, source
     fact = _fact_blocks(engine, tokens, FACT)
     list(engine.generate(tokens, query=None, sampling=GREEDY, max_tokens=8))
     plan = engine.session.last_plan
-    assert engine.session.last_query.positions.tolist() == list(
-        range(len(tokens) - 512, len(tokens))
-    )
+    question = next(i for i in range(len(tokens)) if engine.detokenize(tokens[i:]).startswith("Q"))
+    assert engine.detokenize(tokens[question - 1 : question]) == "\n"
+    assert len(tokens) - question == 19  # "Question: ...?\nAnswer: The deploy key is"
+    assert engine.session.last_query.positions.tolist() == list(range(question, len(tokens)))
     assert fact & set(plan.retrieved) and engine.last_turn.stage_in_blocks > 0
     recency = engines["recency"]
     recency.reset()

@@ -9,7 +9,8 @@ renderer, so the prompt's length is measured, not estimated.
 
 Raw (`--layouts raw`: a completion prompt, no chat template): the prompt is the
 concatenation of its parts (the document, then the question); the last part is pinned
-and the others are history.
+and the others are history; the ranking query is KVMem's raw query (the question:
+`kvmem.memory.raw_query`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from kvmem.bench.compact_rag import (
 )
 from kvmem.bench.conversation import Message, PromptRenderer, RenderedPrompt, Role, Tools
 from kvmem.bench.engines import BenchEngine
+from kvmem.memory.raw_query import raw_prompt_spans
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +136,7 @@ def raw_render(
     engine: BenchEngine, parts: Sequence[str], answer_prefix: str = ""
 ) -> RenderedPrompt:
     """A raw completion prompt: BOS (if the model adds one), then the parts' text as plain
-    text; no chat spans (KVMem's query is the prompt's tail)."""
+    text; no chat spans (KVMem's query is the prompt's question: `Engine._spans`)."""
     info = engine.info
     head = [info.bos_token_id] if info.add_bos else []
     text = "".join(parts) + answer_prefix
@@ -154,7 +156,9 @@ def raw_prompt(
     """The compacted raw prompt: chunks of every part but the last, then the last part."""
     history, tail = list(parts[:-1]), parts[-1] if parts else ""
     chunks = cut_chunks(history, _Tokens(engine).count, limits.chunk_tokens)
-    query = query_text(full.tokens, None, limits.query_max_tokens, engine.detokenize)
+    q = limits.query_max_tokens
+    spans = raw_prompt_spans(full.tokens, lambda t: engine.detokenize([t]).encode(), q)
+    query = query_text(full.tokens, spans, q, engine.detokenize)
 
     def render(kept: list[Chunk]) -> RenderedPrompt:
         return raw_render(engine, [*(c.text for c in kept), tail], answer_prefix)

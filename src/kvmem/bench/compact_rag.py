@@ -3,7 +3,7 @@
 The history is cut into chunks of text at message boundaries (a long message is split at
 lines, then sentences, then words, into chunks of at most `chunk_tokens`), the chunks are
 ranked by BM25 (`rank_bm25.BM25Okapi`) against the text of the same query KVMem scores
-with (`query_text`: the task and the trajectory's tail, or a raw prompt's tail), and the
+with (`query_text`: the task and the trajectory's tail, or a raw prompt's question), and the
 best chunks are prefilled again, in their original order, with the pinned text (control
 text, task and the last message) so that the whole prompt fits KVMem's window budget.
 A full-context engine answers the compacted prompt. `chat_prompt` and `raw_prompt` (in
@@ -144,7 +144,8 @@ def _in_order(chunks: Sequence[Chunk], ids: Sequence[int]) -> list[Chunk]:
 def query_spans(spans: PromptSpans | None, n_tokens: int, max_tokens: int) -> list[TokenSpan]:
     """The token spans KVMem's query holds under the default `agent` policy
     (`KVMemSession._resolve_spans`, `_capture_spans`): the task's and the trajectory's last
-    `max_tokens` tokens, or, with no task (a raw prompt), the prompt's own tail."""
+    `max_tokens` tokens, or, with no spans at all, the prompt's own tail (a raw prompt's
+    spans come from `kvmem.memory.raw_query.raw_prompt_spans`, as the engine's do)."""
     if spans is None or spans.query is None:
         return [TokenSpan(max(0, n_tokens - max_tokens), n_tokens)]
     out = [spans.query.last(max_tokens)]

@@ -17,6 +17,7 @@ from kvmem.engine_settings import EngineSettings
 from kvmem.errors import ConfigError, InvalidRequestError
 from kvmem.gguf.model_path import resolve_model_path
 from kvmem.memory.planner import RetrievalMethod
+from kvmem.memory.raw_query import raw_prompt_spans
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.spans import PromptSpans
 from kvmem.memory.tiered_store import MIB
@@ -230,7 +231,7 @@ class Engine:
         try:
             yield from self.session.generate(
                 prompt,
-                query=query,
+                query=self._spans(prompt, query),
                 sampling=sampling,
                 max_tokens=max_tokens,
                 grammar=grammar,
@@ -252,7 +253,9 @@ class Engine:
     ) -> np.ndarray:
         self._route(prompt)
         try:
-            return self.session.teacher_force(prompt, continuation, query=query)
+            return self.session.teacher_force(
+                prompt, continuation, query=self._spans(prompt, query)
+            )
         finally:
             self._account(self.session.last_turn)
             self._persist()
@@ -279,6 +282,18 @@ class Engine:
             self._persist()
             self._account_stores()
         return freed
+
+    def _spans(
+        self, prompt: Sequence[int], query: PromptSpans | TokenSpan | None
+    ) -> PromptSpans | TokenSpan | None:
+        """The caller's spans; for a raw prompt of text (none given), its last paragraph
+        as the query and its tail as the live span (memory.raw_query). A tail holding image
+        stand-ins (ids outside the vocabulary) keeps the tail as the query."""
+        n_tail, n_vocab = self.settings.kvmem.query_max_tokens, self.info.n_vocab
+        tail = prompt[-n_tail:]
+        if query is not None or not prompt or not all(0 <= t < n_vocab for t in tail):
+            return query
+        return raw_prompt_spans(prompt, self.token_bytes, n_tail)
 
     def _persist(self) -> None:
         """Checkpoint the session to --kvmem-disk-dir (queued behind the block writes);
