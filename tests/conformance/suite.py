@@ -154,8 +154,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the outcomes as JSON")
     parser.add_argument("-k", help="pytest -k expression")
     parser.add_argument("--server", help="the server binary to test (default: kvmem-server)")
+    parser.add_argument(
+        "--deselect", action="append", default=[], metavar="NODEID",
+        help="a test to leave out (pytest --deselect, e.g. unit/test_x.py::test_y[p]); repeatable",
+    )  # fmt: skip
     args = parser.parse_args()
     extra = ("-k", args.k) if args.k else ()
+    extra += tuple(arg for node in args.deselect for arg in ("--deselect", node))
     outcomes = run_suite(tuple(args.files), args.cache, extra, server=args.server)
     for o in outcomes:
         print(f"{o.outcome:7} {o.test}  {o.message}")

@@ -1,6 +1,7 @@
 """A llama-server launch line starts kvmem-server (issue 30): `--timeout`, `--threads-http`,
 the no-op flags with values, `--log-file`; CORS preflights are answered 200 before
-authentication, with Access-Control-Allow-Origin only for the allowed origins."""
+authentication, with Access-Control-Allow-Origin only for the allowed origins: those of
+`--cors-origins`, every origin on a keyed server without it, none on a keyless one."""
 
 from __future__ import annotations
 
@@ -80,14 +81,45 @@ def test_preflight_is_public_and_reflects_only_the_allowed_origin(
 
 
 def test_preflight_on_a_server_without_keys_or_origins(main_server: LiveServer) -> None:
-    r = httpx.options(
-        main_server.base_url + "/v1/chat/completions",
-        headers={"Origin": PAGE, **ASK},
-        timeout=30,
-    )
-    assert r.status_code == 200  # answered, but no origin is allowed by default
-    assert "Access-Control-Allow-Origin" not in r.headers
-    assert r.headers["Access-Control-Allow-Methods"] == "GET, POST, DELETE, OPTIONS"
+    with main_server.http() as http:
+        r = http.options("/v1/chat/completions", headers={"Origin": PAGE, **ASK})
+        assert r.status_code == 200  # answered, but no origin is allowed without a key
+        assert "Access-Control-Allow-Origin" not in r.headers
+        assert r.headers["Access-Control-Allow-Methods"] == "GET, POST, DELETE, OPTIONS"
+        assert r.headers["Access-Control-Allow-Headers"] == "authorization, content-type"
+        models = http.get("/v1/models", headers={"Origin": PAGE})
+        assert models.status_code == 200 and "Access-Control-Allow-Origin" not in models.headers
+
+
+@pytest.fixture(scope="module")
+def keyed_server(server_logs: Path) -> Iterator[LiveServer]:
+    """An API key and no --cors-origins: CORS answered as llama-server answers it."""
+    server = start_server(["-c", "1024", "-t", "2", "--api-key", KEY], server_logs)
+    yield server
+    assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_preflight_on_a_keyed_server_without_origins_is_llama_servers(
+    keyed_server: LiveServer,
+) -> None:
+    origin = "http://web.mydomain.fr"
+    with keyed_server.http() as http:
+        r = http.options("/completions", headers={"Origin": origin, **ASK})
+        assert (r.status_code, r.content) == (200, b"")
+        assert r.headers["Access-Control-Allow-Origin"] == origin
+        assert r.headers["Access-Control-Allow-Credentials"] == "true"
+        assert r.headers["Access-Control-Allow-Methods"] == "GET, POST, DELETE, OPTIONS"
+        assert r.headers["Access-Control-Allow-Headers"] == "*"
+        served = http.post(
+            "/completions",
+            json={"prompt": "Hi", "n_predict": 1},
+            headers={"Origin": origin, "Authorization": f"Bearer {KEY}"},
+        )
+        assert served.status_code == 200, served.text
+        assert served.headers["Access-Control-Allow-Origin"] == origin
+        refused = http.post("/completions", json={"prompt": "Hi"}, headers={"Origin": origin})
+        assert refused.status_code == 401
+        assert refused.json()["error"]["type"] == "authentication_error"
 
 
 def _maps_model(server: LiveServer) -> bool:

@@ -87,6 +87,21 @@ def test_refs_anyof_and_const() -> None:
     assert got["root-value-1"] == '"\\"auto\\""'
 
 
+def test_items_as_a_list_is_a_tuple_as_llama_cpp_reads_it() -> None:
+    """Draft-04 tuple form (llama.cpp's test_chat_completion response_format1): an array
+    of exactly those items, like prefixItems; `items` alone implies an array."""
+    tuple_form = rules(json_schema_grammar({"items": [{"type": "integer"}, {"const": "a"}]}))
+    assert tuple_form["root-value"] == '"[" integer ", " root-value-1 "]"'
+    assert tuple_form["root-value-1"] == '"\\"a\\""'
+    prefix = rules(json_schema_grammar({"type": "array", "prefixItems": [{"type": "integer"}]}))
+    assert prefix["root-value"] == '"[" integer "]"'
+    assert rules(json_schema_grammar({"items": {"type": "null"}}))["root-value"] == (
+        '"[" ( null ( ", " null )* )? "]"'
+    )
+    with pytest.raises(InvalidRequestError, match="#/items/1: a schema must be an object"):
+        json_schema_grammar({"items": [{"type": "integer"}, 5]})
+
+
 def test_bad_schemas_are_invalid_requests() -> None:
     with pytest.raises(InvalidRequestError):
         json_schema_grammar({"$ref": "https://example.com/schema.json"})

@@ -125,22 +125,22 @@ def test_comma_separated_host() -> None:
         ),
         (
             "llama3",
-            "<s><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+            "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
             "<|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n",
         ),
-        ("llama2", "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST]"),
-        ("mistral-v7", "<s>[SYSTEM_PROMPT]S[/SYSTEM_PROMPT][INST]U[/INST]"),
-        ("gemma", "<s><start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\n"),
+        ("llama2", "[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST]"),
+        ("mistral-v7", "[SYSTEM_PROMPT]S[/SYSTEM_PROMPT][INST]U[/INST]"),
+        ("gemma", "<start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\n"),
         ("phi3", "<|system|>\nS<|end|>\n<|user|>\nU<|end|>\n<|assistant|>\n"),
         (
             "command-r",
-            "<s><|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>S<|END_OF_TURN_TOKEN|>"
+            "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>S<|END_OF_TURN_TOKEN|>"
             "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>U<|END_OF_TURN_TOKEN|>"
             "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
         ),
-        ("deepseek", "<s>S\n\nUser: U\n\nAssistant:"),
-        ("deepseek3", "<s>S<｜User｜>U<｜Assistant｜>"),
+        ("deepseek", "S\n\nUser: U\n\nAssistant:"),
+        ("deepseek3", "S<｜User｜>U<｜Assistant｜>"),
     ],
 )
 def test_builtin_template_names(name: str, expected: str) -> None:
@@ -149,6 +149,25 @@ def test_builtin_template_names(name: str, expected: str) -> None:
     template = ChatTemplate(settings.chat_template, bos_token="<s>", eos_token="</s>")
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
     assert template.render(messages, add_generation_prompt=True) == expected
+
+
+def test_builtin_templates_leave_the_bos_to_the_tokenizer_as_llama_cpp() -> None:
+    """llama.cpp's built-ins write no leading BOS (llama.cpp's test_apply_chat_template,
+    command-r); Llama 2 writes it before the later turns only."""
+    messages = [
+        {"role": "user", "content": "A"},
+        {"role": "assistant", "content": "B"},
+        {"role": "user", "content": "C"},
+    ]
+    llama2 = ChatTemplate(BUILTIN_TEMPLATES["llama2"], bos_token="<s>", eos_token="</s>")
+    assert llama2.render(messages, add_generation_prompt=True) == (
+        "[INST] A [/INST] B </s><s>[INST] C [/INST]"
+    )
+    for name, source in BUILTIN_TEMPLATES.items():
+        rendered = ChatTemplate(source, bos_token="<s>", eos_token="</s>").render(
+            messages[:1], add_generation_prompt=True
+        )
+        assert not rendered.startswith("<s>"), name
 
 
 def test_unknown_template_name_lists_the_builtins() -> None:

@@ -1,6 +1,6 @@
 """The vision flags are checked before any weights load: the projector must be a vision
 GGUF feeding the model's embedding size; token bounds ordered; --media-path a directory;
-the image flags need --mmproj."""
+the token bounds need --mmproj; --media-path without it starts with a warning."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_projector_of_another_width_is_refused(tmp_path: Path) -> None:
     [
         (["--image-min-tokens", "8"], "--image-min-tokens: needs a vision projector"),
         (["--image-max-tokens", "8"], "--image-max-tokens: needs a vision projector"),
-        (["--media-path", "/tmp"], "--media-path: needs a vision projector"),
+        (["--media-path", "/nonexistent/dir"], "--media-path: not a directory"),
         pytest.param(
             ["-mm", "{mm}", "--image-min-tokens", "9", "--image-max-tokens", "8"],
             "is more than",
@@ -77,3 +77,18 @@ def test_a_text_model_is_not_a_projector() -> None:
 
     with pytest.raises(ConfigError, match="is not a multimodal projector"):
         load("-mm", default_model_path())
+
+
+def test_media_path_without_a_projector_starts_with_a_warning(tmp_path: Path) -> None:
+    """llama-server starts a text model with --media-path; so does kvmem-server, saying the
+    flag has no effect (an image part then gets 400: no vision projector is loaded)."""
+    settings, warnings = load_server_settings(["--media-path", str(tmp_path)], {})
+    assert (settings.mmproj, settings.engine.vision, settings.media_path) == (
+        None,
+        None,
+        str(tmp_path),
+    )
+    assert warnings == [
+        "--media-path has no effect without a vision projector (-mm): image parts get 400"
+    ]
+    assert load_server_settings([], {})[1] == []

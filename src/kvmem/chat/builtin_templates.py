@@ -1,8 +1,11 @@
 """Built-in chat templates for `--chat-template NAME` (llama.cpp's names), as Jinja.
 
 Written for KVMem from the formats' public descriptions; each renders `messages` with
-`add_generation_prompt`, and `bos_token` where the format starts with one. Message
-content is a string here (the chat layer flattens text parts before rendering).
+`add_generation_prompt`. None writes a leading BOS, as llama.cpp's built-ins do not: the
+tokenizer adds it where the model's vocabulary asks for one (add_bos), so `/apply-template`
+shows what llama-server shows. Llama 2 writes `bos_token` before the later `[INST]` turns
+only. Message content is a string here (the chat layer flattens text parts before
+rendering).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ CHATML = (
 )
 
 LLAMA3 = (
-    "{{- bos_token }}"
     "{%- for message in messages %}"
     "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
     " + message['content'] | trim + '<|eot_id|>' }}"
@@ -27,13 +29,14 @@ LLAMA3 = (
 
 # [INST] turns; a system message is folded into the first user turn in <<SYS>> tags.
 LLAMA2 = (
-    "{%- set ns = namespace(system='') %}"
+    "{%- set ns = namespace(system='', bos='') %}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'system' %}"
     "{%- set ns.system = '<<SYS>>\\n' + message['content'] + '\\n<</SYS>>\\n\\n' %}"
     "{%- elif message['role'] == 'user' %}"
-    "{{- bos_token + '[INST] ' + ns.system + message['content'] | trim + ' [/INST]' }}"
+    "{{- ns.bos + '[INST] ' + ns.system + message['content'] | trim + ' [/INST]' }}"
     "{%- set ns.system = '' %}"
+    "{%- set ns.bos = bos_token %}"
     "{%- elif message['role'] == 'assistant' %}"
     "{{- ' ' + message['content'] | trim + ' ' + eos_token }}"
     "{%- endif %}"
@@ -41,7 +44,6 @@ LLAMA2 = (
 )
 
 MISTRAL_V7 = (
-    "{{- bos_token }}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'system' %}"
     "{{- '[SYSTEM_PROMPT]' + message['content'] + '[/SYSTEM_PROMPT]' }}"
@@ -55,7 +57,6 @@ MISTRAL_V7 = (
 
 # Gemma has no system role: a system message prefixes the first user turn.
 GEMMA = (
-    "{{- bos_token }}"
     "{%- set ns = namespace(system='') %}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'system' %}"
@@ -78,7 +79,6 @@ PHI3 = (
 )
 
 COMMAND_R = (
-    "{{- bos_token }}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'system' %}{%- set role = '<|SYSTEM_TOKEN|>' %}"
     "{%- elif message['role'] == 'user' %}{%- set role = '<|USER_TOKEN|>' %}"
@@ -92,7 +92,6 @@ COMMAND_R = (
 
 # DeepSeek (LLM / Coder v1): "User: ...\n\nAssistant: ..." after an optional system text.
 DEEPSEEK = (
-    "{{- bos_token }}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'system' %}{{- message['content'] + '\\n\\n' }}"
     "{%- elif message['role'] == 'user' %}{{- 'User: ' + message['content'] + '\\n\\n' }}"
@@ -102,7 +101,6 @@ DEEPSEEK = (
 )
 
 DEEPSEEK3 = (
-    "{{- bos_token }}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'system' %}{{- message['content'] }}"
     "{%- elif message['role'] == 'user' %}{{- '<｜User｜>' + message['content'] }}"

@@ -6,7 +6,8 @@ tool call re-renders to the same bytes (the next turn reuses its KV).
 
 Supported: type (and type lists), properties/required (required keys first, then the
 optional ones, in schema order), enum, const, anyOf/oneOf, allOf of objects, items,
-prefixItems, minItems/maxItems, minLength/maxLength, local $ref (#/$defs, #/definitions).
+prefixItems (and `items` as a list: a tuple, as draft-04 and llama.cpp read it),
+minItems/maxItems, minLength/maxLength, local $ref (#/$defs, #/definitions).
 Anything else is an unconstrained JSON value.
 """
 
@@ -123,7 +124,7 @@ class GrammarBuilder:
             return self.add(hint, " | ".join(alts))
         if kind == "object" or (kind is None and "properties" in schema):
             return self._object(schema, hint)
-        if kind == "array":
+        if kind == "array" or (kind is None and ("items" in schema or "prefixItems" in schema)):
             return self._array(schema, hint)
         if kind == "string":
             return self._string(schema, hint)
@@ -217,8 +218,9 @@ class GrammarBuilder:
         return chains[0]
 
     def _array(self, schema: dict[str, Any], hint: str) -> str:
-        if isinstance(schema.get("prefixItems"), list):
-            items = [self.schema(s, f"{hint}-{i}") for i, s in enumerate(schema["prefixItems"])]
+        tuple_items = schema.get("prefixItems", schema.get("items"))
+        if isinstance(tuple_items, list):
+            items = [self.schema(s, f"{hint}-{i}") for i, s in enumerate(tuple_items)]
             return self.add(hint, '"[" ' + ' ", " '.join(items) + ' "]"')
         item = self.schema(schema.get("items", {}), f"{hint}-item")
         lo = int(schema.get("minItems", 0))

@@ -92,7 +92,9 @@ def check_schema(schema: Any, param: str = "response_format") -> None:
                         raise _fail(param, where, f"more than {MAX_PROPERTIES} properties")
                 stack.extend((s, f"{where}/{key}/{k}", depth + 1) for k, s in items.items())
         for key in _SCHEMA_ONE:
-            if key in node:
+            if key == "items" and isinstance(node.get(key), list):  # a tuple (draft-04)
+                stack.extend((s, f"{where}/items/{i}", depth + 1) for i, s in enumerate(node[key]))
+            elif key in node:
                 stack.append((node[key], f"{where}/{key}", depth + 1))
         ref = node.get("$ref")
         if isinstance(ref, str) and ref not in refs:

@@ -138,13 +138,14 @@ class ServerLimits:
         help="open connections before new ones are closed", parse=int_in_range(2, 1_000_000),
         metavar="N", **_SERVER,
     )  # fmt: skip
-    cors_origins: tuple[str, ...] = setting(  # (): same-origin only; ("*",): every origin
+    cors_origins: tuple[str, ...] = setting(  # (): server/cors.py's keyed/keyless defaults
         (), "--cors-origins",
         help="origins allowed cross-origin: a comma list, 'localhost' (any local origin) or "
         "'*'; OPTIONS preflights are answered 200 either way, with "
         "Access-Control-Allow-Origin only for these", parse=cors_origins,
         env="LLAMA_ARG_CORS_ORIGINS", metavar="LIST",
-        shown="none: same-origin only (llama-server: *)", **_SERVER,
+        shown="none without an API key (same-origin only); every origin with a key "
+        "(llama-server's)", **_SERVER,
     )  # fmt: skip
     cors_methods: tuple[str, ...] = setting(
         DEFAULT_CORS_METHODS, "--cors-methods", help="methods a preflight allows (comma list)",
@@ -153,7 +154,8 @@ class ServerLimits:
     )  # fmt: skip
     cors_headers: tuple[str, ...] = setting(  # ("*",): the headers asked for
         DEFAULT_CORS_HEADERS, "--cors-headers",
-        help="request headers a preflight allows (comma list, or * = the headers it asks for)",
+        help="request headers a preflight allows (comma list; * = the headers it asks for, "
+        "but a literal * with an API key and no --cors-origins)",
         parse=token_list, env="LLAMA_ARG_CORS_HEADERS", metavar="LIST", shown="*", **_SERVER,
     )  # fmt: skip
     cors_credentials: bool = setting(

@@ -29,7 +29,7 @@ from kvmem.cli.server_args import ParsedArgs, parse_server_argv
 from kvmem.cli.server_flags import LogFlags, ModelFlags, TemplateFlags, VisionFlags
 from kvmem.cli.server_settings import ServerSettings, Source
 from kvmem.cli.spec_flags import spec_config_from_args
-from kvmem.cli.vision_config import vision_from_flags
+from kvmem.cli.vision_config import MEDIA_PATH_WITHOUT_MMPROJ, vision_from_flags
 from kvmem.engine_settings import MAX_LANES, EngineSettings, VisionSettings
 from kvmem.errors import ConfigError
 from kvmem.models import resolve_model_flag
@@ -172,7 +172,9 @@ def _limits(v: Mapping[str, Any], sources: Mapping[str, str]) -> ServerLimits:
     return limits
 
 
-def _vision(m: ModelFlags, v: Mapping[str, Any]) -> tuple[str | None, VisionSettings | None]:
+def _vision(
+    m: ModelFlags, v: Mapping[str, Any], warnings: list[str]
+) -> tuple[str | None, VisionSettings | None]:
     """The model's path and the vision settings, their files checked."""
     model = resolve_model_flag(m.model, "--model")  # a catalog name -> its joined GGUF
     if model is not None:
@@ -180,7 +182,10 @@ def _vision(m: ModelFlags, v: Mapping[str, Any]) -> tuple[str | None, VisionSett
     vision_flags: VisionFlags = from_values(VisionFlags, v)
     if vision_flags.mmproj is not None:
         check_gguf_file(vision_flags.mmproj, "--mmproj")
-    return model, vision_from_flags(vision_flags, m.threads, model)  # before weights load
+    vision = vision_from_flags(vision_flags, m.threads, model)  # before weights load
+    if vision is None and vision_flags.media_path is not None:
+        warnings.append(MEDIA_PATH_WITHOUT_MMPROJ)
+    return model, vision
 
 
 def _engine(
@@ -227,7 +232,7 @@ def settings_from_parsed(
         raise ConfigError("--metrics", "needs the prometheus-client package (pip install it)")
     m: ModelFlags = from_values(ModelFlags, v)
     _check_gpu_options(m)
-    model, vision = _vision(m, v)
+    model, vision = _vision(m, v, parsed.warnings)
     template_flags: TemplateFlags = from_values(TemplateFlags, v)
     template, origin = _template(template_flags)
     keys = collect_api_keys(

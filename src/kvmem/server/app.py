@@ -23,7 +23,7 @@ from kvmem.server.body_guard import BodyGuard
 from kvmem.server.chat_routes import chat_router
 from kvmem.server.completion_routes import completion_router
 from kvmem.server.conversation_routes import conversation_router
-from kvmem.server.cors import Cors
+from kvmem.server.cors import Cors, CorsPolicy
 from kvmem.server.error_map import install_error_handlers
 from kvmem.server.header_case import HeaderCase
 from kvmem.server.info_routes import health_router, info_router
@@ -127,7 +127,8 @@ def create_app(
         body_timeout_s=limits.body_timeout_s,
         on_error=on_error,
     )
-    app.add_middleware(Cors, limits=limits)  # OPTIONS answered before auth and routing
+    cors = CorsPolicy.of(limits, keyed=settings.api_keys.enabled)
+    app.add_middleware(Cors, policy=cors)  # OPTIONS answered before auth and routing
     app.add_middleware(HeaderCase)  # outermost: llama-server's Access-Control-* casing
     install_error_handlers(app)
     app.include_router(health_router)  # public
