@@ -42,7 +42,7 @@ for step in "$@"; do
   case $step in
     ds32 | ds256 | ds32-h* | ds256-h*)  # -hN: --harvest-tokens N, the scoring source alone
       ctx=$([ "${step%%-*}" = ds32 ] && echo 32768 || echo 262144)
-      harvest=8192 configs=kvmem-scoring  # the default of --kvmem-harvest-tokens
+      harvest=8192 configs=kvmem-scoring  # the candidate default of --kvmem-harvest-tokens
       case $step in
         *-h*) harvest=${step#*-h} ;;
         ds32) configs=stock,kvmem-scoring,kvmem-scoring-after ;;
