@@ -24,7 +24,9 @@ TEXT = "This is a test. " * 20
 
 @pytest.fixture(scope="module")
 def small_batch_server(server_logs: Path) -> Iterator[LiveServer]:
-    args = ["-c", "1024", "-b", str(BATCH), "-ub", str(BATCH), "-t", "2", "-n", str(CAP)]
+    # a context smaller than KVMem's protected tiers (sink + recent + 1 blocks = 512 tokens):
+    # the prefill still runs in chunks of -b tokens, not one token at a time
+    args = ["-c", "256", "-b", str(BATCH), "-ub", str(BATCH), "-t", "2", "-n", str(CAP)]
     server = start_server(args, server_logs)
     yield server
     assert server.stop() == 0, server.log()[-3000:]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from kvmem.config import KVMemConfig, QueryPolicy, QueryReplay
 from kvmem.engine.query.source_kind import SourceKind
 from kvmem.engine.session.turn_plan import ChunkGrid, TurnInputs, plan_turn
+from kvmem.engine.session.window_plans import StreamAt, stream_keep
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
 CONFIG = KVMemConfig(block_tokens=32, budget=256, query_max_tokens=64)
@@ -122,3 +126,52 @@ def test_chunk_grid_is_block_aligned_and_leaves_room_for_the_window() -> None:
     assert ChunkGrid.of(CONFIG, n_batch=12, capacity=1000) == ChunkGrid(8, 32)
     off = KVMemConfig(enabled=False, block_tokens=32)
     assert ChunkGrid.of(off, n_batch=512, capacity=300) == ChunkGrid(300, 300)
+
+
+def test_a_context_within_the_budget_prefills_in_whole_chunks_below_the_protected_tiers() -> None:
+    # -c 256 with 128-token blocks: sink + recent + 1 = 512 tokens exceed the capacity,
+    # which used to leave chunks of one token (71 progress events for 70 tokens)
+    default = KVMemConfig()
+    assert ChunkGrid.of(default, n_batch=64, capacity=256) == ChunkGrid(1, 128)
+    assert ChunkGrid.of(default, n_batch=64, capacity=256, n_ctx=256) == ChunkGrid(64, 128)
+    assert ChunkGrid.of(default, n_batch=2048, capacity=256, n_ctx=256) == ChunkGrid(256, 256)
+    # 300 cells: a 256-token chunk at 256 would leave no room for the first two blocks
+    assert ChunkGrid.of(default, n_batch=512, capacity=300, n_ctx=300) == ChunkGrid(32, 128)
+    # over the budget the protected tiers rule as before
+    small = KVMemConfig(block_tokens=32, budget=96, gen_reserve=32, sink_blocks=1, recent_blocks=1)
+    assert ChunkGrid.of(small, n_batch=64, capacity=128, n_ctx=4096) == ChunkGrid(32, 32)
+    # and a chunk that already fits a block is unchanged
+    assert ChunkGrid.of(default, n_batch=512, capacity=4096, n_ctx=4096) == ChunkGrid(512, 512)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    bt=st.sampled_from([16, 32, 64, 128]),
+    n_batch=st.integers(1, 1024),
+    n_ctx=st.integers(1, 700),
+)
+def test_whole_context_chunks_keep_every_block_in_every_stream_window(
+    bt: int, n_batch: int, n_ctx: int
+) -> None:
+    """Reference: try every aligned chunk; the chosen one is the largest whose every
+    chunk start's stream window (the real planner) holds the whole history."""
+    config = KVMemConfig(block_tokens=bt, budget=max(n_ctx, 3 * bt), sink_blocks=1, recent_blocks=1)
+    capacity = n_ctx
+    grid = ChunkGrid.of(config, n_batch, capacity, n_ctx)
+
+    def keeps_all(chunk: int) -> bool:
+        step = max(chunk, bt)
+        return all(
+            stream_keep(config, StreamAt(s, PromptSpans(), capacity - chunk, step))
+            == set(range(s // bt))
+            for s in range(0, n_ctx, step)
+        )
+
+    aligned = [c for c in range(1, min(n_batch, capacity) + 1) if c % bt == 0 or bt % c == 0]
+    fitting = [c for c in aligned if keeps_all(c)]
+    protected = 3 * bt
+    old = ChunkGrid.of(config, n_batch, capacity).chunk_tokens
+    expected = max([old, *fitting]) if old < bt else old
+    assert grid.chunk_tokens == expected, (grid, fitting, old)
+    assert keeps_all(grid.chunk_tokens) or grid.chunk_tokens == old
+    assert capacity - protected < bt or grid.chunk_tokens == old

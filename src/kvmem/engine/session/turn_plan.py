@@ -26,23 +26,46 @@ class ChunkGrid:
     stream_grid: int
 
     @classmethod
-    def of(cls, config: KVMemConfig, n_batch: int, capacity: int) -> ChunkGrid:
+    def of(
+        cls, config: KVMemConfig, n_batch: int, capacity: int, n_ctx: int | None = None
+    ) -> ChunkGrid:
         """A multiple (or, for a small batch, a divisor) of the block size that leaves room
-        for the window and fits the batch."""
+        for the window and fits the batch. `n_ctx`: the logical context; one no larger
+        than the budget never goes over it, so a capacity smaller than the protected tiers
+        (`-c 256`) still prefills in whole chunks instead of one token at a time."""
         bt = config.block_tokens
         if not config.enabled:
             chunk = max(1, min(n_batch, capacity))
-        else:
-            protected = (config.sink_blocks + config.recent_blocks + 1) * bt
-            limit = max(1, min(n_batch, capacity - protected))
-            # a batch smaller than a block: the largest divisor of the block size that
-            # fits, so that every block boundary is still a chunk boundary
-            chunk = (
-                limit - limit % bt
-                if limit >= bt
-                else max(d for d in range(1, limit + 1) if bt % d == 0)
-            )
+            return cls(chunk, max(chunk, bt))
+        protected = (config.sink_blocks + config.recent_blocks + 1) * bt
+        chunk = _aligned(max(1, min(n_batch, capacity - protected)), bt)
+        if chunk < bt and n_ctx is not None and n_ctx <= config.budget:
+            chunk = _largest_whole_context_chunk(n_batch, capacity, n_ctx, bt, chunk)
         return cls(chunk, max(chunk, bt))
+
+
+def _aligned(limit: int, bt: int) -> int:
+    """The largest multiple of the block size up to `limit`; for a limit smaller than a
+    block, its largest divisor that fits, so every block boundary is a chunk boundary."""
+    if limit >= bt:
+        return limit - limit % bt
+    return max(d for d in range(1, limit + 1) if bt % d == 0)
+
+
+def _largest_whole_context_chunk(
+    n_batch: int, capacity: int, n_ctx: int, bt: int, floor: int
+) -> int:
+    """The largest aligned chunk whose every stream window still holds the whole history:
+    the last chunk start on its grid plus the chunk fits the capacity (then no block of a
+    context that never exceeds the budget is evicted); `floor` when none is larger."""
+    limit = min(n_batch, capacity)
+    while limit > floor:
+        chunk = _aligned(limit, bt)
+        grid = max(chunk, bt)
+        if (n_ctx - 1) // grid * grid + chunk <= capacity:
+            return chunk
+        limit = chunk - 1
+    return floor
 
 
 @dataclass(frozen=True, slots=True)
