@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvmem.bench.report import format_table
-from kvmem.bench.tools_records import ToolsSummary
+from kvmem.bench.tools_records import ToolsSummary, ratio
 from kvmem.bench.transfer_report import HARVEST, Profile
 
 STAGING = "staging"  # the held-buffer gauge of the profile (not a path)
@@ -79,10 +79,6 @@ class LoopReport:
     staging_bytes: int | None  # host buffers held at the end (staging + built ahead)
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
-    return num / den if num is not None and den else None
-
-
 def loop_report(
     summary: ToolsSummary, paths: Mapping[str, Mapping[str, float]], staging: Mapping | None
 ) -> LoopReport:
@@ -101,7 +97,7 @@ def loop_report(
         reselect_share=summary.reselect_share,
         initial_prefill_tok_s=summary.initial_prefill_tok_s,
         overall_prefill_tok_s=summary.overall_prefill_tok_s,
-        prefill_ratio=_ratio(summary.overall_prefill_tok_s, summary.initial_prefill_tok_s),
+        prefill_ratio=ratio(summary.overall_prefill_tok_s, summary.initial_prefill_tok_s),
         restore_ms=restore,
         state_set_ms=state_set,
         build_ahead_ms=get("state_build_ahead"),
@@ -109,7 +105,7 @@ def loop_report(
         build_on_path_ms=build,
         ahead_wait_ms=wait,
         build_wait_ms=build + wait,
-        build_wait_share=_ratio(build + wait, restore),
+        build_wait_share=ratio(build + wait, restore),
         harvest_reads=int(get("state_get", "calls")),
         harvest_read_ms=get("state_get"),
         harvest_ms=sum(get(n) for n in HARVEST),

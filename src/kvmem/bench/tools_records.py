@@ -75,8 +75,9 @@ _METRIC_DELTAS = {
 }
 
 
-def _ratio(num: float, den: float) -> float | None:
-    return num / den if den > 0 else None
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num / den, or None when either is missing or den is not positive."""
+    return num / den if num is not None and den is not None and den > 0 else None
 
 
 def make_record(
@@ -131,9 +132,9 @@ def make_record(
         prefill_s=prefill_s,
         initial_prefill_s=initial_s,
         decode_s=decode_s,
-        prefill_tok_s=_ratio(new, prefill_s),
-        initial_prefill_tok_s=_ratio(new, initial_s),
-        decode_tok_s=_ratio(decode_tokens, decode_s),
+        prefill_tok_s=ratio(new, prefill_s),
+        initial_prefill_tok_s=ratio(new, initial_s),
+        decode_tok_s=ratio(decode_tokens, decode_s),
         timing_source=source,
         finish_reason=out.finish_reason,
         rss_bytes=rss,
@@ -171,16 +172,16 @@ def summarize_rounds(label: str, records: Sequence[RoundRecord]) -> ToolsSummary
         final_context_tokens=records[-1].context_tokens if records else 0,
         new_tokens=new,
         generated_tokens=sum(r.completion_tokens for r in records),
-        initial_prefill_tok_s=_ratio(new, sum(r.initial_prefill_s for r in records)),
-        overall_prefill_tok_s=_ratio(new, sum(r.prefill_s for r in records)),
-        decode_tok_s=_ratio(decode_tokens, sum(r.decode_s for r in records)),
+        initial_prefill_tok_s=ratio(new, sum(r.initial_prefill_s for r in records)),
+        overall_prefill_tok_s=ratio(new, sum(r.prefill_s for r in records)),
+        decode_tok_s=ratio(decode_tokens, sum(r.decode_s for r in records)),
         last_decode_tok_s=records[-1].decode_tok_s if records else None,
         peak_rss_bytes=peak("rss_bytes"),
         peak_gpu_used_bytes=peak("gpu_used_bytes"),
         stage_in_bytes=total("stage_in_bytes"),
         harvested_bytes=total("harvested_bytes"),
         reselect_s=reselect,
-        reselect_share=None if reselect is None else _ratio(reselect, wall),
+        reselect_share=None if reselect is None else ratio(reselect, wall),
         wall_s=wall,
     )
 
