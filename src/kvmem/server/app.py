@@ -48,7 +48,8 @@ def default_engine_factory(settings: ServerSettings) -> ChatEngine:
     from kvmem.engine.lanes import EngineLanes
 
     if settings.parallel > 1:
-        return EngineLanes(settings.engine, settings.parallel)  # type: ignore[return-value]
+        lanes = EngineLanes(settings.engine, settings.parallel, unified=settings.kv_unified)
+        return lanes  # type: ignore[return-value]
     return Engine(settings.engine)
 
 
@@ -92,6 +93,7 @@ def create_app(
         on_ready=on_ready,
         on_failed=on_failed,
         grammar_deadline_s=settings.limits.grammar_deadline_s,
+        kv_unified=settings.kv_unified,
     )
     state = ServerState(settings=settings, worker=worker, metrics=metrics)
     holder["state"] = state
