@@ -26,6 +26,7 @@ from kvmem.chat.protocol import ChatEngine
 from kvmem.chat.turn import ChatFinish, TurnDone, run_turn
 from kvmem.errors import (
     ContextLengthExceededError,
+    ContextPoolExhaustedError,
     EngineNotReadyError,
     QueueFullError,
     RpcWorkerLostError,
@@ -385,7 +386,7 @@ class EngineWorker:
             )
             job.channel.put(JobFailed(error))
         except Exception as exc:  # the route maps the type to an HTTP error
-            if classify(exc).status >= 500:
+            if classify(exc).status >= 500 and not isinstance(exc, ContextPoolExhaustedError):
                 logger.exception("generation failed")
             else:
                 logger.info("request refused: %s", exc)
