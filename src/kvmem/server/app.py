@@ -34,7 +34,7 @@ from kvmem.server.rpc_status import RpcWatch
 from kvmem.server.settings import ServerSettings
 from kvmem.server.slot_routes import slot_router
 from kvmem.server.state import ServerState
-from kvmem.server.ui_files import ui_directory
+from kvmem.server.ui_files import PACKAGED_UI, page_router, ui_directory
 from kvmem.server.utility_routes import utility_router
 from kvmem.server.worker import EngineWorker
 
@@ -148,5 +148,7 @@ def create_app(
         app.include_router(router, dependencies=keyed)
     ui = ui_directory(settings)
     if ui is not None:
+        if ui == PACKAGED_UI:
+            app.include_router(page_router())  # public, as the page
         app.mount("/", StaticFiles(directory=str(ui), html=True), name="ui")
     return app
