@@ -6,10 +6,9 @@ import re
 from pathlib import Path
 
 import pytest
-
-import kvmem
 from fastapi.testclient import TestClient
 
+import kvmem
 from kvmem.cli.api_keys import ApiKeys
 from kvmem.cli.server_config import load_server_settings
 from kvmem.errors import ConfigError
