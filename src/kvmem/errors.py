@@ -40,6 +40,20 @@ class ContextLengthExceededError(KVMemError):
         self.n_ctx = n_ctx
 
 
+class ContextPoolExhaustedError(KVMemError):
+    """--kv-unified: the lanes' running requests together would hold more than -c tokens
+    (llama-server's "Context size has been exceeded.", a 500 there too)."""
+
+    def __init__(self, needed: int, free: int, n_ctx: int) -> None:
+        super().__init__(
+            f"Context size has been exceeded. The request needs {needed} more tokens of the "
+            f"{n_ctx}-token context the lanes share (--kv-unified); {free} are free"
+        )
+        self.needed = needed
+        self.free = free
+        self.n_ctx = n_ctx
+
+
 class DecodeError(KVMemError):
     """llama_decode failed."""
 

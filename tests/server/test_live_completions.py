@@ -88,6 +88,18 @@ def test_n_probs_greedy_picks_the_top_token(main_server: LiveServer) -> None:
         assert p["prob"] == 1.0 and [t["prob"] for t in p["top_probs"]] == [1.0]  # greedy
 
 
+def test_backend_sampling_samples_as_the_cpu_chain(main_server: LiveServer) -> None:
+    """llama-server's `backend_sampling` runs the same chain elsewhere: the tokens and the
+    post-sampling probabilities of a seeded request are those without it."""
+    body = {"prompt": PROMPT, "n_predict": 6, "n_probs": 5, "post_sampling_probs": True}
+    body |= {"seed": 4242, "temperature": 1.0}
+    on = post(main_server, "/completion", {**body, "backend_sampling": True})
+    off = post(main_server, "/completion", {**body, "backend_sampling": False})
+    assert len(on["completion_probabilities"]) == 6
+    assert on["completion_probabilities"] == off["completion_probabilities"]
+    assert on["content"] == off["content"]
+
+
 def test_tokenize_detokenize_round_trip(main_server: LiveServer) -> None:
     text = "Hello world, 媽 🤗"
     tokens = post(main_server, "/tokenize", {"content": text})["tokens"]
@@ -265,6 +277,8 @@ def test_llamacpp_metrics_count_a_request(main_server: LiveServer) -> None:
         ("/completion", {"n_predict": 3}, "prompt"),
         ("/completion", {"prompt": [1, 10**9]}, "prompt"),
         ("/completion", {"prompt": "x", "n_probs": "3"}, "n_probs"),
+        ("/completion", {"prompt": "x", "backend_sampling": "yes"}, "backend_sampling"),
+        ("/v1/chat/completions", {"messages": CHAT, "backend_sampling": 1}, "backend_sampling"),
         ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
         ("/v1/completions", {"prompt": "x", "echo": True}, "echo"),
         ("/completion", {"prompt": ["a", "b"], "stream": True}, "prompt"),

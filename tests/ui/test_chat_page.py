@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import kvmem
 from tests.server.conftest import LiveServer
 from tests.ui.conftest import DOCS_IMG, UI_KEY
 from tests.ui.page_driver import REPLY_CAP, REPLY_TIMEOUT_MS, Chat
@@ -258,3 +259,38 @@ def test_api_key_page_loads_api_refuses_until_the_key_is_entered(
     assert auths[-1] == f"Bearer {UI_KEY}" and auths[0] is None
     assert all(UI_KEY not in r.url for r in chat.requests)
     chat.close()
+
+
+def test_sw_js_removes_an_earlier_pages_worker_and_caches(
+    browser: Any, ui_auth_server: LiveServer
+) -> None:
+    """A worker an earlier page registered at /sw.js (llama-server's UI does) is replaced by
+    ours, which deletes the caches and unregisters itself; the page links its manifest and
+    loads without a console error, all without the API key."""
+    context = browser.new_context()
+    page = context.new_page()
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    page.goto(ui_auth_server.base_url + "/")
+    page.evaluate(
+        """async () => {
+            const old = await caches.open('earlier-ui');
+            await old.put('/index.html', new Response('an earlier page'));
+            await navigator.serviceWorker.register('/sw.js');
+        }"""
+    )
+    page.wait_for_function(
+        "async () => (await navigator.serviceWorker.getRegistrations()).length === 0"
+        " && (await caches.keys()).length === 0",
+        timeout=30_000,
+    )
+    assert page.title() == "KVMem chat"
+    manifest = page.evaluate(
+        "async () => (await fetch(document.querySelector('link[rel=manifest]').href)).json()"
+    )
+    assert (manifest["name"], manifest["icons"][0]["src"]) == ("KVMem chat", "favicon.ico")
+    version = page.evaluate("async () => (await fetch('/_app/version.json')).json()")
+    assert version == {"version": kvmem.__version__}
+    about_assets = [m for m in console if "manifest" in m.lower() or "worker" in m.lower()]
+    assert about_assets == [], about_assets
+    context.close()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+import kvmem
 from kvmem.cli.api_keys import ApiKeys
 from kvmem.cli.server_config import load_server_settings
 from kvmem.errors import ConfigError
@@ -31,6 +32,8 @@ PAGE_FILES = (
     "hljs-light.css",
     "hljs-dark.css",
     "favicon.ico",
+    "manifest.webmanifest",
+    "sw.js",
 )
 
 
@@ -41,6 +44,7 @@ def test_the_packaged_page_is_complete_and_references_only_its_own_files() -> No
     refs = re.findall(r'(?:src|href)="([^"]+)"', html)
     assert sorted(refs) == sorted(
         [
+            "manifest.webmanifest",
             "style.css",
             "hljs-light.css",
             "hljs-dark.css",
@@ -83,23 +87,53 @@ def test_page_is_public_while_the_api_needs_the_key() -> None:
         assert (props["webui"], props["webui_source"]) == (True, "packaged")
 
 
+def test_llama_server_ui_assets_are_real_and_public() -> None:
+    s = settings(api_keys=ApiKeys(("sk-a",)), ui=True)
+    with TestClient(create_app(s, lambda _: FakeEngine())) as c:
+        wait_ready(c)
+        manifest = c.get("/manifest.webmanifest")
+        assert manifest.status_code == 200
+        assert manifest.headers["content-type"] == "application/manifest+json"
+        body = manifest.json()
+        assert (body["name"], body["start_url"], body["display"]) == (
+            "KVMem chat",
+            ".",
+            "standalone",
+        )
+        assert [(i["src"], i["sizes"]) for i in body["icons"]] == [
+            ("favicon.ico", "16x16 32x32 64x64")
+        ]
+        worker = c.get("/sw.js")
+        assert worker.status_code == 200 and "javascript" in worker.headers["content-type"]
+        assert "registration.unregister()" in worker.text and "caches.delete" in worker.text
+        version = c.get("/_app/version.json")
+        assert version.status_code == 200 and version.headers["cache-control"] == "no-cache"
+        assert version.json() == {"version": kvmem.__version__}
+        assert c.get("/_app/other.json").status_code == 404
+
+
 def test_no_ui_serves_nothing_at_root_and_props_says_so() -> None:
     with TestClient(create_app(settings(ui=False), lambda _: FakeEngine())) as c:
         wait_ready(c)
         assert c.get("/").status_code == 404
         assert c.get("/app.js").status_code == 404
+        assert c.get("/_app/version.json").status_code == 404
         props = c.get("/props").json()
         assert (props["webui"], props["webui_source"]) == (False, None)
 
 
 def test_ui_dir_replaces_the_packaged_page(tmp_path: Path) -> None:
     (tmp_path / "index.html").write_text("<html>mine</html>")
+    (tmp_path / "_app").mkdir()
+    (tmp_path / "_app" / "version.json").write_text('{"version": "theirs"}')
     with TestClient(
         create_app(settings(ui=True, ui_dir=str(tmp_path)), lambda _: FakeEngine())
     ) as c:
         wait_ready(c)
         assert c.get("/").text == "<html>mine</html>"
         assert c.get("/app.js").status_code == 404
+        assert c.get("/sw.js").status_code == 404
+        assert c.get("/_app/version.json").json() == {"version": "theirs"}  # its own files
         assert c.get("/props").json()["webui_source"] == "--ui-dir"
 
 

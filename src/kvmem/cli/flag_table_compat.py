@@ -2,7 +2,7 @@
 handles specially.
 
 - `NOOP_TABLE`: switches accepted as documented no-ops, because KVMem's single session
-  makes them meaningless (`--cont-batching`, `--context-shift`, `--kv-unified`,
+  makes them meaningless (`--cont-batching`, `--context-shift`,
   `--swa-full`, ...). Each has the reason shown in `--help`.
 - `REJECTED_TABLE`: llama-server flags for features kvmem-server does not offer. They are
   parsed (so the message is ours, not argparse's "unrecognized arguments") and fail before
@@ -22,8 +22,9 @@ NOOP_TABLE: tuple[Flag, ...] = (
       "no-op: one KVMem session serves one request at a time"),
     N(("--context-shift", "--no-context-shift"),
       "no-op: KVMem keeps the whole history and selects what fits instead of shifting"),
-    N(("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"),
-      "no-op: the KV cache is always unified (KVMem needs it)"),
+    N(("-bs", "--backend-sampling", "--backend_sampling"),
+      "no-op: tokens are sampled by llama.cpp's sampler chain on the CPU, llama-server's own "
+      "fallback when the chain cannot run on the backend; the tokens and n_probs are the same"),
     N(("--swa-full",), "no-op: KVMem manages the attention window itself"),
     N(("--cache-prompt", "--no-cache-prompt"),
       "no-op: the session always reuses the matching prefix"),
@@ -74,7 +75,6 @@ REJECTED_TABLE: tuple[Flag, ...] = (
     R(("--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json"),
       "built-in tools and MCP servers are not offered: the client executes tools", True),
     R(("--ui-mcp-proxy",), "the MCP proxy is not offered"),
-    R(("--backend_sampling", "--backend-sampling"), "backend sampling is not supported"),
     R(("--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx"),
       "RoPE overrides are not supported: KVMem places positions itself", True),
     R(("--ssl-key-file", "--ssl-cert-file"),

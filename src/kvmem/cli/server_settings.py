@@ -91,8 +91,15 @@ class ServerSettings:
     parallel: int = setting(  # lanes, each its own context and KVMem session
         1, "-np", "--parallel",
         help="lanes (1-4): concurrent generations, each its own context and KVMem window; "
-        "each lane's logical context is -c / N",
+        "each lane's logical context is -c / N (-c shared with --kv-unified)",
         parse=t.parallel_slots, env="LLAMA_ARG_N_PARALLEL", metavar="N", **_SERVER,
+    )  # fmt: skip
+    kv_unified: bool = setting(  # the lanes share one logical context of -c tokens
+        False, "-kvu", "--kv-unified",
+        help="the lanes share one logical context of -c tokens (each may use up to -c while "
+        "the running requests together hold at most -c) instead of -c / N each; each lane's "
+        "context is then sized for -c (N x the KV cells)",
+        env="LLAMA_ARG_KV_UNIFIED", negative=("-no-kvu", "--no-kv-unified"), **_SERVER,
     )  # fmt: skip
     verbosity: int = setting(
         3, "-lv", "--verbosity", "--log-verbosity",

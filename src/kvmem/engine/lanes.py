@@ -14,6 +14,9 @@ store made without lanes is lane 0's), lane k's is DIR/lane-<k>. Every lane pers
 conversation(s) after each turn and loads them at start; the server routes a request to
 the free lane whose (restored) history shares the longest prefix with it, so after a
 restart each conversation resumes, with cached tokens, on the lane that stored it.
+With `unified` (`--kv-unified`) every lane's logical context is the whole `-c`, sized so
+(N x min(budget + reserve, -c) cells); the server's SharedContextPool
+(kvmem.server.context_pool) then keeps the running requests together within `-c`.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ logger = logging.getLogger(__name__)
 class EngineLanes:
     """N lanes (`Engine`s) sharing one `LlamaModel`; closes them, then the model."""
 
-    def __init__(self, settings: EngineSettings, n: int, trace_stream=None) -> None:
+    def __init__(
+        self, settings: EngineSettings, n: int, trace_stream=None, *, unified: bool = False
+    ) -> None:
         if not 1 <= n <= MAX_LANES:
             raise ConfigError("--parallel", f"must be between 1 and {MAX_LANES}, got {n}")
         settings.validate()
@@ -50,7 +55,7 @@ class EngineLanes:
             load_mtp=settings.spec.wants_mtp,
             load_mode=settings.load_mode,
         )
-        if n > 1:  # as llama-server's slots: each lane's context is -c / N
+        if n > 1 and not unified:  # as llama-server's slots: each lane's context is -c / N
             total = settings.n_ctx or llama_cpp.llama_model_n_ctx_train(self.model.ptr)
             settings = replace(settings, n_ctx=max(1, total // n))
         self.lanes: list[Engine] = []

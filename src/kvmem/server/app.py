@@ -34,7 +34,7 @@ from kvmem.server.rpc_status import RpcWatch
 from kvmem.server.settings import ServerSettings
 from kvmem.server.slot_routes import slot_router
 from kvmem.server.state import ServerState
-from kvmem.server.ui_files import ui_directory
+from kvmem.server.ui_files import PACKAGED_UI, page_router, ui_directory
 from kvmem.server.utility_routes import utility_router
 from kvmem.server.worker import EngineWorker
 
@@ -48,7 +48,8 @@ def default_engine_factory(settings: ServerSettings) -> ChatEngine:
     from kvmem.engine.lanes import EngineLanes
 
     if settings.parallel > 1:
-        return EngineLanes(settings.engine, settings.parallel)  # type: ignore[return-value]
+        lanes = EngineLanes(settings.engine, settings.parallel, unified=settings.kv_unified)
+        return lanes  # type: ignore[return-value]
     return Engine(settings.engine)
 
 
@@ -92,6 +93,7 @@ def create_app(
         on_ready=on_ready,
         on_failed=on_failed,
         grammar_deadline_s=settings.limits.grammar_deadline_s,
+        kv_unified=settings.kv_unified,
     )
     state = ServerState(settings=settings, worker=worker, metrics=metrics)
     holder["state"] = state
@@ -146,5 +148,7 @@ def create_app(
         app.include_router(router, dependencies=keyed)
     ui = ui_directory(settings)
     if ui is not None:
+        if ui == PACKAGED_UI:
+            app.include_router(page_router())  # public, as the page
         app.mount("/", StaticFiles(directory=str(ui), html=True), name="ui")
     return app

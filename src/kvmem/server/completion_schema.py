@@ -37,6 +37,7 @@ class CompletionRequest(BaseModel):
     stream: bool = False
     n_probs: int | None = Field(default=None, ge=0, le=100)
     post_sampling_probs: bool = False
+    backend_sampling: bool = False  # llama-server's hint; the CPU chain samples either way
     logprobs: int | bool | None = None  # OpenAI completions: top-N log-probabilities
     cache_prompt: bool = True
     kvmem: KVMemOptions | None = None  # KVMem's options (server/kvmem_options.py)

@@ -108,6 +108,7 @@ class ChatCompletionRequest(_Strict):
     ignore_eos: bool | None = None  # llama-server extension: never stop at end-of-generation
     timings_per_token: bool | None = None  # llama-server: `timings` on every stream chunk
     return_progress: bool | None = None  # llama-server: `prompt_progress` chunks (streams)
+    backend_sampling: bool | None = None  # llama-server's hint; the CPU chain samples either way
     kvmem: KVMemOptions | None = None  # KVMem's options (server/kvmem_options.py)
 
     @property

@@ -26,6 +26,7 @@ from kvmem.chat.protocol import ChatEngine
 from kvmem.chat.turn import ChatFinish, TurnDone, run_turn
 from kvmem.errors import (
     ContextLengthExceededError,
+    ContextPoolExhaustedError,
     EngineNotReadyError,
     QueueFullError,
     RpcWorkerLostError,
@@ -35,6 +36,7 @@ from kvmem.errors import (
 from kvmem.server.channel import JobFailed, JobStarted
 from kvmem.server.chat_job import ChatJob
 from kvmem.server.completion_job import CompletionDone, CompletionJob, CompletionToken, StopType
+from kvmem.server.context_pool import SharedContextPool
 from kvmem.server.conversation_job import ConversationJob
 from kvmem.server.error_map import classify
 from kvmem.server.grammar_deadline import wrap_engine
@@ -79,9 +81,12 @@ class EngineWorker:
         on_ready: Callable[[ChatEngine], None] | None = None,
         on_failed: Callable[[BaseException], None] | None = None,
         grammar_deadline_s: float | None = None,
+        kv_unified: bool = False,
     ) -> None:
         self._load = load
         self._grammar_deadline_s = grammar_deadline_s  # --grammar-deadline (grammar_deadline.py)
+        self._kv_unified = kv_unified
+        self._pool: SharedContextPool | None = None  # --kv-unified with lanes (context_pool.py)
         self._queue_size = queue_size
         self._metrics = metrics
         self._on_ready = on_ready
@@ -208,6 +213,8 @@ class EngineWorker:
             self.state = WorkerState.FAILED
             return
         engines = list(getattr(engine, "lanes", None) or [engine])  # EngineLanes: N lanes
+        if self._kv_unified and len(engines) > 1:
+            self._pool = SharedContextPool(engines[0].info.n_ctx)
         with self._cond:
             self._lanes = [_Lane(i, e) for i, e in enumerate(engines)]
             self.state = WorkerState.READY if not self._stopping else WorkerState.STOPPED
@@ -238,7 +245,7 @@ class EngineWorker:
                 return
             job, prompt = taken
             try:
-                self._execute(lane.engine, job, prompt)
+                self._execute(lane, job, prompt)
             finally:
                 with self._cond:
                     lane.current = None
@@ -324,7 +331,8 @@ class EngineWorker:
             self._busy_count += delta
             self._metrics.processing = self._busy_count
 
-    def _execute(self, engine: ChatEngine, job: Job, routed: PromptTokens | None = None) -> None:
+    def _execute(self, lane: _Lane, job: Job, routed: PromptTokens | None = None) -> None:
+        engine = lane.engine
         if job.cancel.is_set():
             error = (
                 ServerShuttingDownError("the server is shutting down")
@@ -337,6 +345,8 @@ class EngineWorker:
         try:
             probe = getattr(job, "timing_probe", None)  # timings_per_token (live_timings.py)
             target = wrap_engine(engine, self._grammar_deadline_s)
+            if self._pool is not None:
+                target = self._pool.wrap(target, lane.index)
             target = target if probe is None else probe.wrap(target)
             reporter = getattr(job, "progress", None)  # return_progress (prompt_progress.py)
             target = target if reporter is None else reporter.wrap(target)
@@ -376,13 +386,15 @@ class EngineWorker:
             )
             job.channel.put(JobFailed(error))
         except Exception as exc:  # the route maps the type to an HTTP error
-            if classify(exc).status >= 500:
+            if classify(exc).status >= 500 and not isinstance(exc, ContextPoolExhaustedError):
                 logger.exception("generation failed")
             else:
                 logger.info("request refused: %s", exc)
             self._metrics.record_failure()
             job.channel.put(JobFailed(exc))
         finally:
+            if self._pool is not None:
+                self._pool.release(lane.index)
             self._set_processing(-1)
             self._metrics.set_engine_stats((self._stats_source or engine).stats)
 
