@@ -141,6 +141,16 @@ def test_stream_window_is_a_function_of_the_position() -> None:
         stream_window(config, 41, spans, room=28)
 
 
+def test_the_block_before_the_chunk_stays_when_the_control_tier_fills_the_room() -> None:
+    """Issue 33: 64-token blocks leave a four-block room (sink + control bound); the chunk
+    still sees the block it continues (llama.cpp decodes only after the last cell)."""
+    config = _config(control_tokens=12, stream_tokens=8)
+    spans = PromptSpans(control=TokenSpan(4, 20))  # blocks 1-4, the newest 3 pinned
+    assert stream_window(config, 56, spans, room=16) == (0, 3, 4, 13)
+    assert stream_window(config, 56, spans, room=28) == (0, 2, 3, 4, 12, 13)
+    assert stream_window(config, 20, spans, room=16) == (0, 2, 3, 4)  # it is control
+
+
 # --- randomized comparison with a plain reference -----------------------------------------
 
 

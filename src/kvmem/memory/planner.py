@@ -176,9 +176,13 @@ def stream_window(
 ) -> tuple[int, ...]:
     """The complete blocks a prefill chunk starting at `position` (block-aligned) sees.
 
-    Every block before it when all fit in `room` tokens; otherwise the sink, the control
-    tier and the newest `stream_blocks`, as many as fit. A function of the position and
-    the control span alone, so that the KV of every block depends on the tokens only.
+    Every block before it when all fit in `room` tokens; otherwise the sink, the block
+    right before the chunk, the control tier and the newest `stream_blocks`, as many as
+    fit. The chunk continues that block's text, and llama.cpp decodes a batch only right
+    after the sequence's last cell: a control tier as large as the room (64-token blocks:
+    a 256-token room, a 256-token control bound) must not push it out. A function of the
+    position and the control span alone, so that the KV of every block depends on the
+    tokens only.
     """
     bt = config.block_tokens
     if position % bt:
@@ -190,8 +194,12 @@ def stream_window(
     control = spans.control.clip(position) if spans.control else None
     taker = _Taker(slots, block_groups(spans.groups, bt, n))
     taker.take(Tier.SINK, range(min(config.sink_blocks, n)), n)  # an image there: whole
+    held = len(taker.taken)
+    last_unit = taker.groups.get(n - 1, (n - 1,))  # the block before the chunk, or its image
+    taker.take(Tier.RECENT, (n - 1,), len(last_unit))
+    adjacent = len(taker.taken) - held
     taker.take(Tier.CONTROL, _newest(control, bt, n), config.control_tokens // bt)
-    taker.take(Tier.RECENT, range(n - 1, -1, -1), config.stream_blocks)
+    taker.take(Tier.RECENT, range(n - 1, -1, -1), config.stream_blocks - adjacent)
     return tuple(sorted(taker.taken))
 
 
