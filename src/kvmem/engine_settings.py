@@ -68,6 +68,9 @@ class EngineSettings:
     spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding
     vision: VisionSettings | None = None  # --mmproj: images through mtmd
     placement: GpuPlacement = field(default_factory=GpuPlacement)  # --split-mode/--main-gpu/-ts
+    # --warmup: one scratch decode on the main context at load, before any session is
+    # restored or used (kvmem-server's default; off for kvmem-cli, the bench and the API)
+    warmup: bool = False
 
     def validate(self) -> None:
         if self.n_ctx < 0:

@@ -26,6 +26,7 @@ def make_engine(
     n_ubatch: int = 128,
     trace: io.StringIO | None = None,
     flash_attn: bool = True,
+    warmup: bool = False,
 ) -> Engine:
     settings = EngineSettings(
         model_path=path,
@@ -36,6 +37,7 @@ def make_engine(
         cache_types=KVCacheTypes.from_names(cache, cache),
         kvmem=kvmem or KVMemConfig(budget=4096, gen_reserve=512),
         flash_attn=flash_attn,
+        warmup=warmup,
     )
     return Engine(settings, trace_stream=trace)
 

@@ -1,8 +1,9 @@
 """`return_progress` on the real server: llama-server's `prompt_progress` chunks, one as the
 prompt's processing starts (processed == cache) and one per prefill chunk of `-b` tokens,
 on /completion, /v1/completions and /v1/chat/completions; the Anthropic and Responses APIs
-refuse the field with a 400 in their own error format. The same server's `-n` caps every
-reply, as llama-server's does (a request's smaller max_tokens still wins)."""
+refuse the field with a 400 in their own error format. The same server's `-n` is the
+limit of every reply that sets none, as llama-server's is (a request's own max_tokens wins,
+above `-n` too)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tests.server.conftest import LiveServer, start_server
 pytestmark = pytest.mark.slow
 
 BATCH = 32
-CAP = 3  # the server's -n: every reply's most tokens
+CAP = 3  # the server's -n: the tokens of a reply that sets no limit
 TEXT = "This is a test. " * 20
 
 
@@ -158,14 +159,19 @@ def test_return_progress_refused_where_the_stream_has_no_place_for_it(
         assert error["param"] == "return_progress"
 
 
-def test_server_n_predict_caps_every_reply(small_batch_server: LiveServer) -> None:
+def test_server_n_predict_is_the_default_of_every_reply(small_batch_server: LiveServer) -> None:
     ask = {"messages": [{"role": "user", "content": "Tell me a story."}], "temperature": 0}
     with small_batch_server.http() as http:
         props = http.get("/props").json()["default_generation_settings"]["params"]
         replies = [
             http.post("/v1/chat/completions", json={**ask, **extra}).json()
-            for extra in ({}, {"max_tokens": 2}, {"max_tokens": 50}, {"ignore_eos": True})
+            for extra in (
+                {},
+                {"max_tokens": 2},
+                {"max_tokens": 8, "ignore_eos": True},
+                {"max_tokens": -1, "ignore_eos": True},
+            )
         ]
     assert props["n_predict"] == CAP
-    assert [r["usage"]["completion_tokens"] for r in replies] == [CAP, 2, CAP, CAP]
+    assert [r["usage"]["completion_tokens"] for r in replies] == [CAP, 2, 8, CAP]
     assert {r["choices"][0]["finish_reason"] for r in replies} == {"length"}

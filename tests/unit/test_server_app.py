@@ -172,6 +172,7 @@ def test_response_format_and_forced_tool_choice_pass_grammars() -> None:
 
 
 def test_max_tokens_and_server_n_predict(engine: FakeEngine) -> None:
+    """-n is llama-server's default: a request's own limit wins, above -n too."""
     with TestClient(create_app(settings(n_predict=8), lambda s: engine)) as c:
         wait_ready(c)
         r = c.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 5}).json()
@@ -179,11 +180,10 @@ def test_max_tokens_and_server_n_predict(engine: FakeEngine) -> None:
             "Hello",
             "length",
         )
-        r = c.post(
-            "/v1/chat/completions", json={"messages": USER, "max_completion_tokens": 100}
-        ).json()
-        assert r["usage"]["completion_tokens"] == 6  # "Again." fits under -n 8
-    assert [call.max_tokens for call in engine.calls] == [5, 8]
+        for extra in ({"max_completion_tokens": 100}, {}, {"max_tokens": -1}):
+            r = c.post("/v1/chat/completions", json={"messages": USER, **extra})
+            assert r.status_code == 200
+    assert [call.max_tokens for call in engine.calls] == [5, 100, 8, 8]
 
 
 def test_ignore_eos_reaches_the_engine(engine: FakeEngine) -> None:

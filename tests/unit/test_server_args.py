@@ -33,7 +33,7 @@ def gguf(tmp_path: Path) -> str:
 
 def test_defaults() -> None:
     s = load()
-    assert s.engine == EngineSettings()
+    assert s.engine == EngineSettings(warmup=True)  # kvmem-server warms up, as llama-server
     assert (s.host, s.port, s.alias, s.n_predict, s.queue_size, s.verbosity) == (
         "127.0.0.1",
         8080,
@@ -125,6 +125,7 @@ def test_llama_server_flags_and_aliases(gguf: str, tmp_path: Path) -> None:
         seed=7,
         cache_types=s.engine.cache_types,
         placement=GpuPlacement(split_mode="none", main_gpu=1, tensor_split=(1.0,)),
+        warmup=True,
     )
     assert (s.engine.cache_types.k, s.engine.cache_types.v) == (GgmlType.Q8_0, GgmlType.Q4_0)
     assert (s.host, s.port, s.alias, s.n_predict, s.ui, s.ui_dir, s.metrics, s.verbosity) == (
@@ -180,6 +181,7 @@ def test_gpu_layers_and_flash_attn_values() -> None:
     assert load("-fa", "auto").engine.flash_attn is True
     assert load("-fa", "off").engine.flash_attn is False
     assert load("-n", "-1").n_predict == -1
+    assert (load("--warmup").engine.warmup, load("--no-warmup").engine.warmup) == (True, False)
 
 
 @pytest.mark.parametrize(

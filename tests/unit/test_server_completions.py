@@ -59,6 +59,23 @@ def test_stop_word_batch_tokens_and_fields(client: TestClient, engine: FakeEngin
     assert picked == {"content": "Par", "generation_settings/n_predict": 3}
 
 
+def test_server_n_predict_is_the_default_not_a_cap(client: TestClient, engine: FakeEngine) -> None:
+    """llama-server's rule (server-context.cpp: `n_predict_max = task.params.n_predict !=
+    -1 ? task.params.n_predict : params_base.n_predict`): the request's own n_predict or
+    max_tokens, even above the server's -n 64; none or -1: -n."""
+    asks = [
+        ("/completion", {"n_predict": 100}),
+        ("/completion", {"max_tokens": 80}),
+        ("/completion", {}),
+        ("/completion", {"n_predict": -1}),
+        ("/v1/completions", {"max_tokens": 90}),
+        ("/v1/completions", {"max_tokens": -1}),
+    ]
+    for path, extra in asks:
+        assert client.post(path, json={"prompt": "Q", **extra}).status_code == 200
+    assert [c.max_tokens for c in engine.calls] == [100, 80, 64, 64, 90, 64]
+
+
 def test_v1_completions_openai_shape(client: TestClient) -> None:
     body = client.post("/v1/completions", json={"prompt": "Q", "max_tokens": 3}).json()
     assert body["object"] == "text_completion" and body["system_fingerprint"].startswith("b")

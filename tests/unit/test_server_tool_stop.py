@@ -184,8 +184,11 @@ def test_anthropic_disable_parallel_tool_use_keeps_one_call() -> None:
         ({"tools": TOOLS, "tool_choice": "none"}, {}, -1),
         ({"tools": TOOLS}, {"tool_max_tokens": -1}, -1),
         ({"tools": TOOLS}, {"tool_max_tokens": 300}, 300),
-        ({"tools": TOOLS}, {"n_predict": 100}, 100),  # -n still caps
-        ({"tools": TOOLS, "max_tokens": 5000}, {"n_predict": 100}, 100),
+        ({"tools": TOOLS}, {"n_predict": 100}, 100),  # -n is smaller: the default
+        ({"tools": TOOLS}, {"n_predict": 4000}, 2048),
+        ({"tools": TOOLS, "max_tokens": -1}, {"n_predict": 100}, 100),  # -1: says nothing
+        ({"tools": TOOLS, "max_tokens": 5000}, {"n_predict": 100}, 5000),  # a request's wins
+        ({}, {"n_predict": 100}, 100),
     ],
 )
 def test_tool_requests_without_max_tokens_get_the_server_default(

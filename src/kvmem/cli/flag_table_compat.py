@@ -28,7 +28,6 @@ NOOP_TABLE: tuple[Flag, ...] = (
     N(("--swa-full",), "no-op: KVMem manages the attention window itself"),
     N(("--cache-prompt", "--no-cache-prompt"),
       "no-op: the session always reuses the matching prefix"),
-    N(("--warmup", "--no-warmup"), "no-op: the model is not warmed up"),
     N(("--keep",), "no-op: nothing is shifted out of the context, so there is nothing to keep "
       "(KVMem keeps the whole history)", t.int_in_range(-1), metavar="N"),
     N(("--cache-reuse",), "no-op: the session reuses the matching prefix; KV shifting is not "

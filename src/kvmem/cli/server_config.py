@@ -219,6 +219,7 @@ def _engine(
         spec=spec_config_from_args(parsed.namespace),  # --spec-* (declared on SpecConfig)
         vision=vision,
         placement=gpu_placement(m, parsed.sources, parsed.warnings),
+        warmup=m.warmup,
     )
     engine.validate()
     return engine

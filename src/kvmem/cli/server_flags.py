@@ -75,6 +75,12 @@ class ModelFlags:
         None, "--mmap", help="map the model file (= -lm mmap); --no-mmap reads it (= -lm none)",
         env="LLAMA_ARG_MMAP", negative=("--no-mmap",), shown="auto", **_MODEL,
     )  # fmt: skip
+    warmup: bool = setting(
+        True, "--warmup",
+        help="warm the model up at load with one scratch decode (BOS and EOS, then the "
+        "memory cleared), before any stored session is restored; each lane's context once",
+        negative=("--no-warmup",), shown="enabled", **_MODEL,
+    )  # fmt: skip
     device: tuple[str, ...] = setting(
         (), "-dev", "--device",
         help="the one device: none (CPU) or NAME<i>, e.g. CUDA0 (= -sm none -mg i)",

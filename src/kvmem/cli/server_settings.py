@@ -51,14 +51,16 @@ class ServerSettings:
         env="LLAMA_ARG_ALIAS", metavar="NAME", shown="the model file name", group=Group.MODEL,
     )  # fmt: skip
     api_keys: ApiKeys = field(default_factory=ApiKeys)
-    n_predict: int = setting(  # server-wide output cap; -1: none
-        -1, "-n", "--n-predict", "--predict", help="max tokens per response, -1 = no cap",
+    n_predict: int = setting(  # a request's output limit when it sets none; -1: the context
+        -1, "-n", "--n-predict", "--predict",
+        help="tokens per response of a request that sets no n_predict/max_tokens (a "
+        "request's own limit wins), -1 = until the context is full",
         parse=t.n_predict, env="LLAMA_ARG_N_PREDICT", metavar="N", group=Group.SAMPLING,
     )  # fmt: skip
     tool_max_tokens: int = setting(  # output cap of a tools request without max_tokens
         2048, "--tool-max-tokens",
         help="max tokens per response of a request with tools that sets no max_tokens, -1 = "
-        "no cap (a client's max_tokens wins; -n still caps)",
+        "no cap (a client's max_tokens wins; with -n too, the smaller)",
         parse=t.n_predict, metavar="N", group=Group.SAMPLING,
     )  # fmt: skip
     sampling: SamplingParams = field(default_factory=SamplingParams)  # per-request defaults

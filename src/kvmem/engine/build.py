@@ -95,6 +95,10 @@ def build_contexts(
         main_capture.callback if main_capture else None,
         main_capture.user_data if main_capture else None,
     )
+    if settings.warmup:  # before any session restores or uses the context
+        ctx.warm_up()
+        if main_capture is not None:
+            main_capture.reset_counters()  # as llama-server resets its perf counters
     scoring = None
     if scored_apart:
         assert capture is not None

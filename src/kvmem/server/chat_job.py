@@ -83,22 +83,26 @@ class ChatJob:
         )
 
 
+def output_limit(asked: int | None, server_default: int) -> int:
+    """llama-server's rule: a request's own limit wins (0: prefill only); a request that
+    says nothing (None or -1) gets the server's `-n` (-1 there: until an end-of-generation
+    token or the full context, which the session never passes)."""
+    return server_default if asked is None or asked == -1 else asked
+
+
 def effective_max_tokens(
     request: ChatCompletionRequest, n_predict: int, tool_max_tokens: int = -1
 ) -> int:
-    """max_completion_tokens, else max_tokens, capped by -n; -1 means no cap. A request
-    with tools that asks for no limit gets `--tool-max-tokens` (-1: none)."""
+    """max_completion_tokens, else max_tokens; a request that sets neither (or -1) gets
+    `-n`, and with tools also at most `--tool-max-tokens`; -1 means until the context."""
     asked = (
         request.max_completion_tokens
         if request.max_completion_tokens is not None
         else request.max_tokens
     )
-    if asked == 0:
-        return 0  # prefill only
-    if asked is None and request.tools and request.tool_choice != "none":
-        asked = tool_max_tokens
-    caps = [v for v in (asked, n_predict) if v is not None and v > 0]
-    return min(caps) if caps else -1
+    tools = request.tools and request.tool_choice != "none"
+    defaults = [v for v in (n_predict, tool_max_tokens if tools else -1) if v > 0]
+    return output_limit(asked, min(defaults) if defaults else -1)
 
 
 def sampling_for(request: ChatCompletionRequest, defaults: SamplingParams) -> SamplingParams:

@@ -17,7 +17,7 @@ from kvmem.chat.schema_check import check_grammar_text
 from kvmem.errors import InvalidRequestError
 from kvmem.sampling import SamplingParams
 from kvmem.server.channel import EventChannel
-from kvmem.server.chat_job import sampling_for
+from kvmem.server.chat_job import output_limit, sampling_for
 from kvmem.server.completion_job import CompletionJob
 from kvmem.server.completion_schema import CompletionRequest, prompt_parts
 from kvmem.server.kvmem_options import conversation_of
@@ -48,9 +48,8 @@ def _grammar(r: CompletionRequest) -> str | None:
 
 def _max_tokens(state: ServerState, r: CompletionRequest, openai: bool) -> int:
     first, second = (r.max_tokens, r.n_predict) if openai else (r.n_predict, r.max_tokens)
-    asked = first if first is not None else second  # neither: the server's -n
-    caps = [v for v in (asked, state.settings.n_predict) if v is not None and v > 0]
-    return min(caps) if caps else (-1 if asked in (None, -1) else 0)
+    asked = first if first is not None else second
+    return output_limit(asked, state.settings.n_predict)
 
 
 def _sampling(state: ServerState, r: CompletionRequest) -> SamplingParams:

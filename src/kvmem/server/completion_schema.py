@@ -97,7 +97,7 @@ def _check(r: CompletionRequest) -> None:
     for name in ("n_predict", "max_tokens"):
         value = getattr(r, name)
         if value is not None and value != -1 and value < 0:
-            raise InvalidRequestError(f"'{name}' must be >= 0 (or -1 for no limit)", name)
+            raise InvalidRequestError(f"'{name}' must be >= 0 (or -1: the server's -n)", name)
     if (
         isinstance(r.logprobs, int)
         and not isinstance(r.logprobs, bool)

@@ -151,7 +151,7 @@ def _check_semantics(request: ChatCompletionRequest) -> None:
         value = getattr(request, name)
         if value is not None and value != -1 and value < 0:
             raise InvalidRequestError(
-                f"'{name}' must be >= 0 (0: prefill only) or -1 for no limit", name
+                f"'{name}' must be >= 0 (0: prefill only) or -1 (the server's -n)", name
             )
     if request.n is not None and not 1 <= request.n <= 8:
         raise InvalidRequestError("'n' must be between 1 and 8", "n")

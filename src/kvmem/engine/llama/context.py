@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -126,6 +127,7 @@ class LlamaContext:
         self.vision = None  # a media.VisionProjector: decodes image stand-in ids
         self.embd_batch = None  # media_prefill.EmbdBatch, made on the first image
         self.observer: MainSeqObserver | None = None  # mtp_draft.MtpDrafter with draft-mtp
+        self.warmup_tokens = 0  # tokens decoded by warm_up (--warmup)
 
     # decoding --------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int], start_pos: int, logits: Sequence[bool]) -> None:
@@ -139,6 +141,25 @@ class LlamaContext:
             raise DecodeError(f"llama_decode failed with code {rc} at position {start_pos}")
         if self.observer is not None:
             self.observer.after_decode(self, tokens, start_pos)
+
+    def warm_up(self) -> None:
+        """llama-server's warm-up (common_init_from_params): BOS then EOS (those the
+        vocabulary has; token 0 where it has neither) decoded once from position 0, then the
+        memory cleared, so the first request finds the weights paged in and the compute
+        buffers allocated. Call it before any sequence is restored or used. A no-op for a
+        model without a decoder (an encoder-only GGUF, which kvmem cannot serve anyway)."""
+        if not llama_cpp.llama_model_has_decoder(self.model.ptr):
+            return
+        vocab = self.model.vocab
+        ends = (llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab))
+        tokens = [t for t in ends if t != llama_cpp.LLAMA_TOKEN_NULL][: self.n_batch] or [0]
+        start = time.perf_counter()
+        self.decode(tokens, 0, [i == len(tokens) - 1 for i in range(len(tokens))])
+        self.clear()
+        llama_cpp.llama_synchronize(self.ptr)
+        self.warmup_tokens += len(tokens)
+        ms = (time.perf_counter() - start) * 1000
+        logger.info("warm-up: %d tokens decoded, memory cleared (%.0f ms)", len(tokens), ms)
 
     def logits(self, index: int) -> np.ndarray:
         """A copy of the logits of output row `index` (-1 = last)."""
