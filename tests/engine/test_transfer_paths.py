@@ -256,7 +256,7 @@ def test_a_harvest_batch_split_across_the_staging_buffer_stays_bit_exact(smollm2
     the host in one batch; with a staging buffer of one block's blob that batch is read in
     one piece per block. The stored bytes equal those of harvesting each chunk's blocks at
     once through a buffer that holds them all."""
-    kvmem = KVMemConfig(budget=2048, gen_reserve=256)
+    kvmem = KVMemConfig(budget=2048, gen_reserve=256, harvest_tokens=0)
     tokens_at_once = make_engine(smollm2_path, cache="q8_0", kvmem=kvmem)
     try:
         tokens = filler_tokens(tokens_at_once, 7 * 128 + 10, seed=17)
