@@ -3,6 +3,8 @@ pieces) gives bit-identical logits to the plain state-API path, for three KV typ
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 
@@ -256,7 +258,7 @@ def test_a_harvest_batch_split_across_the_staging_buffer_stays_bit_exact(smollm2
     the host in one batch; with a staging buffer of one block's blob that batch is read in
     one piece per block. The stored bytes equal those of harvesting each chunk's blocks at
     once through a buffer that holds them all."""
-    kvmem = KVMemConfig(budget=2048, gen_reserve=256)
+    kvmem = KVMemConfig(budget=2048, gen_reserve=256, harvest_tokens=0)
     tokens_at_once = make_engine(smollm2_path, cache="q8_0", kvmem=kvmem)
     try:
         tokens = filler_tokens(tokens_at_once, 7 * 128 + 10, seed=17)
@@ -282,3 +284,76 @@ def test_a_harvest_batch_split_across_the_staging_buffer_stays_bit_exact(smollm2
         transfer.staging.close()
     finally:
         engine.close()
+
+
+def test_a_restore_built_ahead_of_blocks_stored_again_is_not_used(smollm2_path):
+    """A blob built ahead holds the blocks as they were stored when the build started: a
+    block stored again since (a cut history prefilled anew, a conversation loaded) makes
+    the restore build its own, from the store as it is now."""
+    engine = make_engine(smollm2_path, kvmem=KVMemConfig(budget=2048, gen_reserve=256))
+    session, transfer = engine.session, engine.session.transfer
+    try:
+        prompt, token, reference = _never_evicted(engine, seed=19)
+        paths = transfer.profile.paths
+        session.ctx.seq_rm(0, len(prompt), -1)
+        session.window.evict([1, 2, 3])
+        assert transfer.prepare([1, 2, 3])
+        transfer.store.put(transfer.store.get(2))  # the same bytes, stored again
+        transfer.profile.clear()
+        stats = TurnStats()
+        stats.add(session.window.restore({1: 128, 2: 256, 3: 384}))
+        assert (stats.stage_in_blocks, stats.built_ahead_blocks) == (3, 0)
+        assert (paths[TransferPath.STATE_BUILD].calls, paths[TransferPath.AHEAD_WAIT].calls) == (
+            3,
+            0,
+        )
+        session.ctx.decode([token], len(prompt), [True])
+        assert np.array_equal(session.ctx.logits(-1), reference)
+    finally:
+        engine.close()
+
+
+def _stream_stage_ins(trace: io.StringIO) -> int:
+    """Blocks the prefill's stream restored in the turn just traced (and clear the trace)."""
+    lines = [x for x in trace.getvalue().splitlines() if x.startswith("KVMEM_STREAM ")]
+    trace.seek(0)
+    trace.truncate()
+    fields = [dict(f.split("=", 1) for f in x.split()[1:]) for x in lines]
+    return sum(len(f["stage_in"].split(",")) for f in fields if f["stage_in"] != "-")
+
+
+def _three_turns(path: str, ahead: bool) -> list[tuple[np.ndarray, int, int, int]]:
+    """Three over-budget turns, each prompt extending the last: (logits of the 3 tokens
+    after it, blocks staged in, of them built ahead, of them by the prefill's stream)."""
+    kvmem = KVMemConfig(budget=1024, gen_reserve=256, trace=True)
+    trace = io.StringIO()
+    engine = make_engine(path, n_ctx=2048, cache="q8_0", kvmem=kvmem, trace=trace)
+    try:
+        if not ahead:
+            engine.session.transfer.ahead.close()
+            engine.session.transfer.ahead = None
+        tokens = filler_tokens(engine, 1700, seed=23)
+        out = []
+        for n in (1300, 1500, 1690):
+            logits = engine.teacher_force(tokens[:n], tokens[n : n + 3])
+            st = engine.last_turn
+            out.append(
+                (logits, st.stage_in_blocks, st.built_ahead_blocks, _stream_stage_ins(trace))
+            )
+        return out
+    finally:
+        engine.close()
+
+
+def test_the_next_turns_stream_restore_is_built_between_turns(smollm2_path):
+    """At a turn's end the window builds, off the next turn's path, the blobs its first
+    prefill chunk will restore (the stream window the reselection left out), for a turn
+    going on from the frontier. The next turn restores exactly those without a build of
+    its own (the other stage-in is the reselection's), and every logit equals the direct
+    path's."""
+    built = _three_turns(smollm2_path, ahead=True)
+    direct = _three_turns(smollm2_path, ahead=False)
+    assert [x[1:] for x in built] == [(1, 0, 0), (2, 1, 1), (5, 3, 3)]
+    assert [x[1:] for x in direct] == [(1, 0, 0), (2, 0, 1), (5, 0, 3)]
+    for (got, *_), (want, *_) in zip(built, direct, strict=True):
+        assert np.array_equal(got, want)

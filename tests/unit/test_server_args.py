@@ -337,7 +337,7 @@ def test_retrieval_flags_reach_the_kvmem_config() -> None:
     assert load().engine.kvmem.rank is RankMode.SUMMARY and load().engine.kvmem.stream_cap == 0
     s = load("--kvmem-rank", "rerank", "--kvmem-stream-cap", "640")
     assert s.engine.kvmem.rank is RankMode.RERANK and s.engine.kvmem.stream_cap == 640
-    assert load().engine.kvmem.harvest_tokens == 0
+    assert load().engine.kvmem.harvest_tokens == 8192
     assert load("--kvmem-harvest-tokens", "8192").engine.kvmem.harvest_tokens == 8192
     assert load().engine.kvmem.query_source is QuerySource.MAIN
     s = load("--kvmem-query-source", "scoring")

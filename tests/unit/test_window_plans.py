@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvmem.config import KVMemConfig
 from kvmem.engine.session.window_plans import (
     NO_ROOM_NEEDED,
     StreamAt,
+    next_stream_stage_in,
     plan_cut,
     plan_room_for,
     plan_stream,
@@ -57,6 +60,31 @@ def test_stream_with_room_for_everything_keeps_every_block() -> None:
     plan = plan_stream(table, {}, CONFIG, StreamAt(64, NO_SPANS, room=128, grid=32))
     assert plan.evict == ()
     assert plan.stage_in == (0, 2, 3)
+
+
+@st.composite
+def _next_turns(draw: st.DrawFn) -> tuple[BlockTable, dict[int, int], StreamAt]:
+    """A history with some blocks on the GPU (some moved), and where a next turn goes on."""
+    n = draw(st.integers(1, 300))
+    complete = n // BT
+    gpu = draw(st.lists(st.integers(0, max(complete - 1, 0)), unique=True)) if complete else []
+    table = _table(n, gpu=gpu + ([complete] if n % BT else []))
+    moved = {b: b * BT + BT for b in gpu if draw(st.booleans())}
+    at = StreamAt(draw(st.integers(0, n)), NO_SPANS, draw(st.integers(0, 8)) * BT, 32)
+    return table, moved, at
+
+
+@settings(max_examples=300, deadline=None)
+@given(_next_turns())
+def test_the_next_turns_stream_stage_in_is_the_cut_then_the_stream_plan(case) -> None:
+    """The prediction made at a turn's end equals what the next turn does: cut the history
+    at the position (moved blocks leave the GPU), then plan its first chunk's stream."""
+    table, moved, at = case
+    predicted = next_stream_stage_in(table, moved, CONFIG, at)
+    cut = plan_cut(table, moved, at.position, keep_window=False)
+    table.mark_off_gpu(cut.evict)
+    table.truncate(at.position)
+    assert predicted == plan_stream(table, {}, CONFIG, at).stage_in
 
 
 def test_room_not_needed_is_the_empty_choice() -> None:

@@ -24,7 +24,7 @@ from kvmem.bench.report import format_table, machine_description, write_json
 from kvmem.bench.transfer_report import transfer_table
 from kvmem.cli.kvmem_flags import add_kv_cache_arguments, cache_types_from_args, strict_int
 from kvmem.cli.progress_bar import stderr_bar
-from kvmem.config import KVCacheTypes, KVMemConfig, QueryAheadMode, QuerySource
+from kvmem.config import HARVEST_TOKENS, KVCacheTypes, KVMemConfig, QueryAheadMode, QuerySource
 from kvmem.errors import ConfigError
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.models import resolve_model_flag
@@ -112,7 +112,7 @@ class SweepSettings:
     n_gpu_layers: int
     seed: int = 0
     block_tokens: int = 128
-    harvest_tokens: int = 0
+    harvest_tokens: int = HARVEST_TOKENS
 
     def describe(self) -> dict[str, object]:
         return {
@@ -348,7 +348,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--harvest-tokens",
         type=strict_int,
-        default=0,
+        default=HARVEST_TOKENS,
         help="as --kvmem-harvest-tokens: harvest complete blocks once this many tokens wait",
     )
     p.add_argument("-t", "--threads", type=strict_int, default=None)

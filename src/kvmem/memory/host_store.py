@@ -79,6 +79,8 @@ class BlockStore(Protocol):
 
     def __len__(self) -> int: ...
 
+    def version(self, block_id: int) -> int: ...
+
     @property
     def nbytes(self) -> int: ...
 
@@ -96,6 +98,8 @@ class BlockLedger:
 
     def __init__(self) -> None:
         self._sizes: dict[int, int] = {}
+        self._versions: dict[int, int] = {}  # block id -> the serial of its last `stored`
+        self._serial = 0
         self._nbytes = 0
         self.stats = HostStoreStats()
 
@@ -104,6 +108,8 @@ class BlockLedger:
         (False: a block registered again, e.g. found on disk at start)."""
         self._nbytes += size - self._sizes.get(block_id, 0)
         self._sizes[block_id] = size
+        self._serial += 1
+        self._versions[block_id] = self._serial
         if count:
             self.stats.blocks_stored += 1
             self.stats.bytes_in += size
@@ -117,6 +123,7 @@ class BlockLedger:
             size = self._sizes.pop(block_id, None)
             if size is None:
                 continue
+            del self._versions[block_id]
             gone.append(block_id)
             freed += size
             self.stats.blocks_dropped += 1
@@ -125,6 +132,10 @@ class BlockLedger:
 
     def __contains__(self, block_id: object) -> bool:
         return block_id in self._sizes
+
+    def version(self, block_id: int) -> int:
+        """Changes whenever `block_id` is stored again (its content may differ); 0: not stored."""
+        return self._versions.get(block_id, 0)
 
     def __len__(self) -> int:
         return len(self._sizes)
@@ -148,6 +159,11 @@ class LedgerQueries:
 
     def __len__(self) -> int:
         return len(self._ledger)
+
+    def version(self, block_id: int) -> int:
+        """Changes whenever `block_id` is stored again (its content may differ), never when
+        it only moves between tiers; 0: not stored."""
+        return self._ledger.version(block_id)
 
     def block_ids(self) -> tuple[int, ...]:
         return self._ledger.block_ids()

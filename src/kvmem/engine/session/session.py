@@ -36,6 +36,7 @@ from .parts import SessionParts
 from .prefill import prefill_chunks
 from .turn_plan import TurnInputs, TurnPlan, plan_turn
 from .turn_trace import trace_gen, trace_prefill, trace_query
+from .window_plans import StreamAt
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class KVMemSession:
         self.last_turn = TurnStats()
         self.live_turn: TurnStats | None = None  # the turn being run (read by live timings)
         self._progress: Callable[[PrefillProgress], None] | None = None  # this turn's prefill
+        self._spans = PromptSpans()  # the last turn's spans (its control text)
 
     @property
     def chunk_tokens(self) -> int:
@@ -159,6 +161,7 @@ class KVMemSession:
         if given.unlocated:  # the chat layer could not find them: retrieval goes without
             self.tracer.emit(TraceKind.SPANS_UNLOCATED, spans=given.unlocated, tokens=n)
         plan = self._plan(prompt, given)
+        self._spans = plan.spans
         reused = self._reuse(plan, stats)
         self.window.note_groups(plan.spans.groups)  # evictions keep an image's blocks together
         if self.config.enabled and n > self.config.budget:
@@ -312,6 +315,17 @@ class KVMemSession:
         stats.decode_ms = 0.0 if t0 is None else (time.perf_counter() - t0) * 1e3
         self._end_turn(stats, finish)
 
+    def _prepare_next_turn(self) -> None:
+        """The next turn's first chunk restores the stream window its reselection left out:
+        build those blobs now, off its path, for a turn that goes on from the frontier."""
+        if not self.runner.bounded:
+            return
+        n = self.table.n_tokens
+        position = n if self.frontier is None else min(self.frontier, n)
+        room = self.window.capacity - self.grid.chunk_tokens
+        at = StreamAt(position, self._spans, room, self.grid.stream_grid)
+        self.window.prepare_next_stream(at)
+
     def _spill_frontier(self, stats: TurnStats, n_prompt: int) -> None:
         """Generated tokens that saw blocks leave (spill, eviction) are recomputed next turn."""
         if self.frontier is None and (stats.spilled_blocks or stats.evicted_blocks):
@@ -319,6 +333,7 @@ class KVMemSession:
 
     def _end_turn(self, stats: TurnStats, finish: FinishReason) -> None:
         stats.add(self.window.flush())  # the turn's blocks are in the store when it ends
+        self._prepare_next_turn()
         stats.finish_reason = finish.value
         self.last_turn = stats
         cells, host_blocks = self.window.cells_used(), len(self.store)

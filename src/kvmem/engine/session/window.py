@@ -47,6 +47,7 @@ from .window_plans import (
     StreamAt,
     StreamPlan,
     keep_from,
+    next_stream_stage_in,
     plan_cut,
     plan_room_for,
     plan_stream,
@@ -80,6 +81,13 @@ class GpuWindow(WindowResidency):
         moves += self.restore_own(plan.stage_in)
         moves.evicted_blocks += len(plan.evict)
         return moves
+
+    def prepare_next_stream(self, at: StreamAt) -> bool:
+        """Between turns: build on the builder's thread the restore blobs the next turn's
+        first prefill chunk stages in when it goes on from `at.position` (read only; used
+        only by a restore of exactly those blocks, still stored as they were)."""
+        stage_in = next_stream_stage_in(self.table, self.moved, self.config, at)
+        return self.transfer.prepare(stage_in)
 
     def note_groups(self, groups: Sequence[TokenSpan]) -> None:
         """The token ranges (images) that evictions outside the planner keep whole."""

@@ -81,6 +81,20 @@ def plan_stream(
     return StreamPlan(at.position, out, tuple(missing))
 
 
+def next_stream_stage_in(
+    table: BlockTable, moved: Mapping[int, int], config: KVMemConfig, at: StreamAt
+) -> tuple[int, ...]:
+    """The blocks the first prefill chunk of a turn that goes on from `at.position` will
+    stage in: the history cut there (moved blocks leave the GPU first, `plan_cut`), then
+    that chunk's stream window (`plan_stream`). A prediction, exact when the next request
+    extends the history from there with the same control spans."""
+    bt = table.block_tokens
+    done = min(at.position // bt, table.n_complete_blocks)  # complete after the cut
+    keep = stream_keep(config, at)
+    keep.update(range(keep_from(at.position, at.grid, bt), done))
+    return tuple(sorted(b for b in keep if b < done and (not table.is_on_gpu(b) or b in moved)))
+
+
 @dataclass(frozen=True, slots=True)
 class RoomChoice:
     """The blocks to evict so more tokens fit (empty: they fit already)."""

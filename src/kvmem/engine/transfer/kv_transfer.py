@@ -234,6 +234,9 @@ class KVTransfer:
         t0 = time.perf_counter()
         ids, starts = sorted(block_ids), starts or {}
         ready = self.ahead.take(ids) if self.ahead is not None else None
+        if ready is not None and ready.versions != tuple(self.store.version(b) for b in ids):
+            logger.debug("restore blobs built ahead are stale (blocks stored again): rebuilt")
+            ready = None
         if ready is not None:
             blocks = self._restore_ready(ready, starts)
         else:
@@ -264,9 +267,10 @@ class KVTransfer:
         ids = sorted(block_ids)
         if any(b not in self.store for b in ids):
             return False
+        versions = [self.store.version(b) for b in ids]
         blocks = [self.store.get(b) for b in ids]
         pieces = [blocks[r.start : r.stop] for r in self._fitting([b.n_tokens for b in blocks])]
-        return self.ahead.start(self.layout, pieces)
+        return self.ahead.start(self.layout, pieces, versions)
 
     def drop_ahead(self) -> None:
         """Forget the blobs `prepare` built (a turn's plan is made: they served it or not)."""

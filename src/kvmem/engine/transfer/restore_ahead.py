@@ -43,6 +43,7 @@ class ReadyBlob:
     pieces: list[list[BlockKV]]  # ascending block ids, piece after piece
     blobs: list[np.ndarray]  # uint8 [n_bytes] per piece, views of RestoreAhead's buffer
     build_ms: float  # on the builder's thread, beside the prefill
+    versions: tuple[int, ...]  # the store's version of each block when the build started
     wait_ms: float = 0.0  # what the restore waited for the build
 
     @property
@@ -71,19 +72,30 @@ class RestoreAhead:
         self._job: Future[ReadyBlob] | None = None
         self._ids: tuple[int, ...] = ()  # the blocks of the build
 
-    def start(self, layout: StateLayout, pieces: Sequence[Sequence[BlockKV]]) -> bool:
-        """Build the blob of every piece on the builder's thread; False (nothing started)
-        when there is nothing to build or they do not fit the buffer's limit together."""
+    def start(
+        self,
+        layout: StateLayout,
+        pieces: Sequence[Sequence[BlockKV]],
+        versions: Sequence[int],
+    ) -> bool:
+        """Build the blob of every piece on the builder's thread (`versions`: the store's
+        version of each block, in order); False (nothing started) when there is nothing to
+        build or they do not fit the buffer's limit together."""
         self.drop()
         sizes = [8 + kv_part_nbytes(layout, sum(b.n_tokens for b in p)) for p in pieces]
         if not pieces or sum(sizes) > self.buffer.limit_bytes:
             return False
-        self._job = self._worker.submit(self._build, layout, [list(p) for p in pieces], sizes)
+        job = [list(p) for p in pieces]
+        self._job = self._worker.submit(self._build, layout, job, sizes, tuple(versions))
         self._ids = tuple(b.block_id for p in pieces for b in p)
         return True
 
     def _build(
-        self, layout: StateLayout, pieces: list[list[BlockKV]], sizes: list[int]
+        self,
+        layout: StateLayout,
+        pieces: list[list[BlockKV]],
+        sizes: list[int],
+        versions: tuple[int, ...],
     ) -> ReadyBlob:
         t0 = time.perf_counter()
         buf = self.buffer.view(sum(sizes))  # uint8 [sum(sizes)]
@@ -92,7 +104,7 @@ class RestoreAhead:
             build_state(layout, p, RESTORE_SEQ, buf[e - n : e], native=self.native)
             for p, n, e in zip(pieces, sizes, ends.tolist(), strict=True)
         ]
-        return ReadyBlob(pieces, blobs, (time.perf_counter() - t0) * 1e3)
+        return ReadyBlob(pieces, blobs, (time.perf_counter() - t0) * 1e3, versions)
 
     def take(self, wanted: Sequence[int]) -> ReadyBlob | None:
         """The blobs, once built, if they hold exactly the blocks `wanted` (ascending),

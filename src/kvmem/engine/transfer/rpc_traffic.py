@@ -2,9 +2,13 @@
 
 ggml-rpc keeps one TCP connection per worker. `NetworkMeter` finds this process's
 established connections to the workers (/proc/self/net/tcp*, /proc/self/fd) and sums
-their `tcpi_bytes_acked` (sent and acknowledged) and `tcpi_bytes_received`. The transfer
-profile reads it around each timed path, so the network bytes of harvest, restore, query
-capture and decode are measured, not estimated. No llama_cpp here.
+the bytes this process wrote to them and `tcpi_bytes_received`. Written is what the
+kernel sent once (`tcpi_bytes_sent - tcpi_bytes_retrans`) plus what still waits in the
+send queue (`tcpi_notsent_bytes`): a call that returns before its bytes are acknowledged
+(ggml-rpc's `set_tensor` does not wait for an answer) still counts them, so a path's
+count does not depend on when the worker's acknowledgements arrive. The transfer profile
+reads it around each timed path, so the network bytes of harvest, restore, query capture
+and decode are measured, not estimated. No llama_cpp here.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ from dataclasses import dataclass
 from kvmem.settings.rpc_endpoints import RpcEndpoint
 
 _TCP_INFO_LEN = 256
-_BYTES_ACKED = 120  # offsetof(struct tcp_info, tcpi_bytes_acked): u64, then tcpi_bytes_received
+# offsets in struct tcp_info (linux/tcp.h)
+_BYTES_ACKED = 120  # u64, then tcpi_bytes_received (u64)
+_NOTSENT = 144  # u32 tcpi_notsent_bytes
+_BYTES_SENT = 200  # u64, then tcpi_bytes_retrans (u64); Linux 4.19 and later
 _ESTABLISHED = "01"
 
 
@@ -88,8 +95,12 @@ def tcp_bytes(fd: int) -> TrafficCount | None:
         sock.close()
     if len(info) < _BYTES_ACKED + 16:
         return None
-    sent, received = struct.unpack_from("<QQ", info, _BYTES_ACKED)
-    return TrafficCount(sent, received)
+    acked, received = struct.unpack_from("<QQ", info, _BYTES_ACKED)
+    if len(info) < _BYTES_SENT + 16:  # an older kernel: only what was acknowledged
+        return TrafficCount(acked, received)
+    sent_once, retrans = struct.unpack_from("<QQ", info, _BYTES_SENT)
+    (queued,) = struct.unpack_from("<I", info, _NOTSENT)
+    return TrafficCount(sent_once - retrans + queued, received)
 
 
 class NetworkMeter:
