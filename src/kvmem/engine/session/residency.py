@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvmem.config import KVMemConfig
+from kvmem.config import CellOrder, KVMemConfig
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.layout import PositionMode
 from kvmem.memory.planner import PlannerConfig, RetrievalMethod, WindowPlan
@@ -178,9 +178,12 @@ class WindowResidency:
     # every sum, are a function of the window, never of the history that built it.
     @property
     def keeps_order(self) -> bool:
-        """Whether changes re-lay the cells after them (not on hybrid memories, whose blobs
-        carry a recurrent part, nor with an MTP draft context mirroring the main one)."""
-        return self.config.enabled and self.transfer.hybrid is None and self.ctx.observer is None
+        """Whether changes re-lay the cells after them (`--kvmem-cell-order canonical`; not
+        on hybrid memories, whose blobs carry a recurrent part, nor with an MTP draft
+        context mirroring the main one)."""
+        if self.config.cell_order is not CellOrder.CANONICAL or not self.config.enabled:
+            return False
+        return self.transfer.hybrid is None and self.ctx.observer is None
 
     def lift_from(self, first: int | None) -> Lifted:
         """Take the GPU blocks from block `first` on, and the open block's cells, off the
