@@ -201,7 +201,7 @@ class WindowResidency:
         """The open block's cells as a state blob (own memory), removed from the context."""
         t = self.table
         p0, p1 = t.n_complete_blocks * t.block_tokens, t.n_tokens
-        if p1 <= p0:
+        if p1 <= p0 or self.ctx.seq_pos_max(MAIN_SEQ) < p0:  # no open block on the GPU
             return None
         self.ctx.seq_cp(MAIN_SEQ, HARVEST_SEQ, p0, p1)
         try:
@@ -243,9 +243,11 @@ class WindowResidency:
         self.table.append(tokens)
         self.table.mark_in_host(host_blocks)
 
-    def restore_own(self, block_ids: Sequence[int], first: int | None = None) -> Moves:
-        """Copy host blocks in at their own positions (those not on the GPU already), in
-        position order with the GPU blocks from block `first` on (see `lift_from`)."""
+    def restore_own(self, block_ids: Sequence[int]) -> Moves:
+        """Copy host blocks in at their own positions (those not on the GPU already)."""
+        return self.restore(self.own_starts(block_ids))
+
+    def own_starts(self, block_ids: Sequence[int]) -> dict[int, int]:
+        """Block id -> its own first position, for those of `block_ids` not on the GPU."""
         bt = self.table.block_tokens
-        wanted = {b: b * bt for b in block_ids if not self.table.is_on_gpu(b)}
-        return self.relay_from(first_change((first,) if first is not None else (), wanted), wanted)
+        return {b: b * bt for b in block_ids if not self.table.is_on_gpu(b)}

@@ -190,6 +190,7 @@ class KVMemSession:
             self.config,
             self.source.kind,
             self.ssm.active,
+            self.grid,
         )
 
         def ranks(spans: PromptSpans, end: int) -> bool:

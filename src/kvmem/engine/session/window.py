@@ -77,7 +77,8 @@ class GpuWindow(WindowResidency):
                 evict=list(plan.evict),
                 stage_in=list(plan.stage_in),
             )
-        moves += self.restore_own(plan.stage_in, first=first_change(plan.evict))
+        wanted = self.own_starts(plan.stage_in)
+        moves += self.relay_from(first_change(plan.evict, wanted), wanted)
         moves.evicted_blocks += len(plan.evict)
         return moves
 
