@@ -39,6 +39,13 @@ class QueryReplay(Enum):
     OFF = "off"
 
 
+class CellOrder(Enum):
+    """Where a window's blocks sit among llama.cpp's KV cells (the order attention sums in)."""
+
+    CANONICAL = "canonical"  # position order from cell 0 after every change: history-free sums
+    FREE = "free"  # the first free cells llama.cpp finds: nothing re-laid
+
+
 class QuerySource(Enum):
     """Which llama context computes the retrieval query's vectors."""
 
@@ -138,6 +145,15 @@ class KVMemConfig:
         PositionMode.GATHER, "--kvmem-positions",
         help="where retrieved blocks sit in the window: gather (right before the recent "
         "blocks, in order) or original (their own positions, with gaps)", **_KVMEM,
+    )  # fmt: skip
+    cell_order: CellOrder = setting(
+        CellOrder.FREE, "--kvmem-cell-order",
+        help="where the window's blocks sit among the KV cells: free (the first free cells; "
+        "the same KV, but the sums' order, and rarely a late greedy token, can depend on the "
+        "session's history) or canonical (every eviction or stage-in lays the blocks after "
+        "the first one it touches again, in position order: answers are a function of the "
+        "request alone; it re-lays about --kvmem-stream-tokens of KV per prefill chunk over "
+        "the budget)", **_KVMEM,
     )  # fmt: skip
     query_replay: QueryReplay = setting(
         QueryReplay.AUTO, "--kvmem-query-replay", help="replay the query after reselection",

@@ -9,7 +9,7 @@ import pytest
 
 from kvmem.cli.server_args import SERVER_FLAGS, build_server_parser
 from kvmem.cli.server_config import load_server_settings
-from kvmem.config import KVMemConfig, QueryAheadMode, QuerySource
+from kvmem.config import CellOrder, KVMemConfig, QueryAheadMode, QuerySource
 from kvmem.engine_settings import EngineSettings, GpuPlacement
 from kvmem.errors import ConfigError
 from kvmem.memory.exact_scorer import RankMode
@@ -263,6 +263,7 @@ def test_gpu_layers_and_flash_attn_values() -> None:
         (["--kvmem-query-replay", "maybe"], "--kvmem-query-replay"),
         (["--kvmem-score-mode", "max"], "--kvmem-score-mode"),
         (["--kvmem-positions", "compact"], "--kvmem-positions"),
+        (["--kvmem-cell-order", "sorted"], "--kvmem-cell-order"),
         (["--kvmem-rank", "oracle"], "--kvmem-rank"),
         (["--kvmem-stream-cap", "-1"], "--kvmem-stream-cap"),
         (["--kvmem-harvest-tokens", "-1"], "--kvmem-harvest-tokens"),
@@ -338,6 +339,8 @@ def test_retrieval_flags_reach_the_kvmem_config() -> None:
     s = load("--kvmem-rank", "rerank", "--kvmem-stream-cap", "640")
     assert s.engine.kvmem.rank is RankMode.RERANK and s.engine.kvmem.stream_cap == 640
     assert load().engine.kvmem.harvest_tokens == 8192
+    assert load().engine.kvmem.cell_order is CellOrder.FREE
+    assert load("--kvmem-cell-order", "canonical").engine.kvmem.cell_order is CellOrder.CANONICAL
     assert load("--kvmem-harvest-tokens", "8192").engine.kvmem.harvest_tokens == 8192
     assert load().engine.kvmem.query_source is QuerySource.MAIN
     s = load("--kvmem-query-source", "scoring")

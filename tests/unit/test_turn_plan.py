@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvmem.config import KVMemConfig, QueryPolicy, QueryReplay
+from kvmem.config import CellOrder, KVMemConfig, QueryPolicy, QueryReplay
 from kvmem.engine.query.source_kind import SourceKind
 from kvmem.engine.session.turn_plan import ChunkGrid, TurnInputs, plan_turn
 from kvmem.engine.session.window_plans import StreamAt, stream_keep
@@ -126,6 +126,25 @@ def test_chunk_grid_is_block_aligned_and_leaves_room_for_the_window() -> None:
     assert ChunkGrid.of(CONFIG, n_batch=12, capacity=1000) == ChunkGrid(8, 32)
     off = KVMemConfig(enabled=False, block_tokens=32)
     assert ChunkGrid.of(off, n_batch=512, capacity=300) == ChunkGrid(300, 300)
+
+
+def test_a_canonical_cell_order_resumes_a_prefill_on_a_fresh_prefills_ubatch() -> None:
+    """With --kvmem-cell-order canonical the reused prefix ends where a fresh prefill's
+    ubatch starts (chunks of 896 in ubatches of 512 from the chunk's start), so a resumed
+    prefill decodes its rows in the ubatches a fresh one did; free reuses every token."""
+    grid = ChunkGrid(896, 896, ubatch=512)
+    assert [grid.ubatch_start(p) for p in (0, 511, 512, 895, 896, 1407, 1408, 1900)] == [
+        *(0, 0, 512, 512, 896, 896, 1408, 1792)
+    ]
+    assert ChunkGrid(896, 896).ubatch_start(1900) == 1900  # no ubatch known
+    canonical = KVMemConfig(
+        block_tokens=32, budget=256, query_max_tokens=64, cell_order=CellOrder.CANONICAL
+    )
+    grid = ChunkGrid(192, 192, ubatch=64)
+    inputs = _inputs(common=300, config=canonical, source=SourceKind.NONE, grid=grid)
+    assert plan_turn(inputs, _ranks(True), _no_lack).reused == 256  # 192 + 64
+    free = _inputs(common=300, source=SourceKind.NONE, grid=grid)
+    assert plan_turn(free, _ranks(True), _no_lack).reused == 300
 
 
 def test_a_context_within_the_budget_prefills_in_whole_chunks_below_the_protected_tiers() -> None:

@@ -134,7 +134,7 @@ def session_parts(
     capacity = min(config.gpu_cells, ctx.n_cells) if on else ctx.n_cells
     transfer = KVTransfer(ctx, table, store, index, parts.staging_bytes)
     window = GpuWindow(ctx, table, transfer, index, config, capacity, parts.tracer)
-    grid = ChunkGrid.of(config, ctx.n_batch, capacity, parts.n_ctx)
+    grid = ChunkGrid.of(config, ctx.n_batch, capacity, parts.n_ctx, ctx.n_ubatch)
     queries, rows = QueryCache(), QueryRows()
     capture, scoring = (c.main_capture, c.scoring) if on else (None, None)
     source = query_source(c.main_capture, c.scoring, rows, queries, config, transfer.profile)

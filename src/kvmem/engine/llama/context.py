@@ -120,6 +120,7 @@ class LlamaContext:
         self.settings = settings
         self.n_cells = llama_cpp.llama_n_ctx(ptr)
         self.n_batch = llama_cpp.llama_n_batch(ptr)
+        self.n_ubatch = llama_cpp.llama_n_ubatch(ptr)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(model.vocab)
         self.mem = llama_cpp.llama_get_memory(ptr)
         self.n_rs_seq = llama_cpp.llama_n_rs_seq(ptr)  # 0 where the model cannot roll back

@@ -12,21 +12,41 @@ every `flush` (a plan, the end of a turn).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from kvmem.config import KVMemConfig
+import numpy as np
+
+from kvmem.config import CellOrder, KVMemConfig
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.layout import PositionMode
 from kvmem.memory.planner import PlannerConfig, RetrievalMethod, WindowPlan
 from kvmem.memory.retrieval_index import RetrievalIndex
 from kvmem.memory.spans import TokenSpan
 
+from ..llama.batch_rows import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ
 from ..llama.context import LlamaContext
 from ..trace import Moves, Tracer
 from ..transfer.kv_transfer import KVTransfer
 from .window_plans import planner_config
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Lifted:
+    """GPU cells taken off the context so that the restore after them lays them again in
+    position order: complete blocks (block id -> first position) and the open block's
+    cells (its state blob), with what their eviction did."""
+
+    starts: dict[int, int] = field(default_factory=dict)
+    open_cells: np.ndarray | None = None  # uint8 [blob bytes]
+    moves: Moves = field(default_factory=Moves)
+
+
+def first_change(*blocks: Collection[int]) -> int | None:
+    """The lowest block id a residency change touches (None: it touches none)."""
+    return min((b for group in blocks for b in group), default=None)
 
 
 class WindowResidency:
@@ -126,8 +146,9 @@ class WindowResidency:
         self.table.mark_off_gpu(block_ids)
         return moves
 
-    def restore(self, starts: dict[int, int]) -> Moves:
-        """Copy host blocks in at `starts` (block id -> first position)."""
+    def restore(self, starts: Mapping[int, int], relaid: Collection[int] = ()) -> Moves:
+        """Copy host blocks in at `starts` (block id -> first position); those of `relaid`
+        were on the GPU before (lifted: counted apart from the stage-in)."""
         if not starts:
             return Moves()
         res = self.transfer.restore(sorted(starts), starts)
@@ -136,12 +157,78 @@ class WindowResidency:
             if starts[b] != b * bt:
                 self.moved[b] = starts[b]
         self.table.mark_on_gpu(res.block_ids)
+        n_relaid = len(relaid)
+        relaid_bytes = res.bytes // res.blocks * n_relaid if res.blocks else 0
         return Moves(
-            stage_in_blocks=res.blocks,
-            stage_in_bytes=res.bytes,
+            stage_in_blocks=res.blocks - n_relaid,
+            stage_in_bytes=res.bytes - relaid_bytes,
+            relaid_blocks=n_relaid,
+            relaid_bytes=relaid_bytes,
             restore_ms=res.ms,
             built_ahead_blocks=res.built_ahead,
         )
+
+    # cell order ------------------------------------------------------------------------
+    # llama.cpp puts restored cells in the first free cells, and attention (flash attention's
+    # tiles and KV splits on the CPU included) sums over cells in index order. So every
+    # residency change keeps the canonical layout: the GPU blocks in position order from
+    # cell 0, then the open block, nothing free in between (decodes append after them).
+    # A change lifts the GPU blocks from the first block it touches on and lays them again,
+    # after the blocks before it, together with the blocks it brings in: the cells, and so
+    # every sum, are a function of the window, never of the history that built it.
+    @property
+    def keeps_order(self) -> bool:
+        """Whether changes re-lay the cells after them (`--kvmem-cell-order canonical`; not
+        on hybrid memories, whose blobs carry a recurrent part, nor with an MTP draft
+        context mirroring the main one)."""
+        if self.config.cell_order is not CellOrder.CANONICAL or not self.config.enabled:
+            return False
+        return self.transfer.hybrid is None and self.ctx.observer is None
+
+    def lift_from(self, first: int | None) -> Lifted:
+        """Take the GPU blocks from block `first` on, and the open block's cells, off the
+        context (None: nothing changes, nothing is lifted)."""
+        if first is None or not self.keeps_order:
+            return Lifted()
+        t = self.table
+        done = t.n_complete_blocks
+        tail = [b for b in t.gpu_blocks() if first <= b < done]
+        starts = {b: self.start(b) for b in tail}
+        moves = self.evict(tail)
+        return Lifted(starts, self._lift_open(), moves)
+
+    def _lift_open(self) -> np.ndarray | None:
+        """The open block's cells as a state blob (own memory), removed from the context."""
+        t = self.table
+        p0, p1 = t.n_complete_blocks * t.block_tokens, t.n_tokens
+        if p1 <= p0 or self.ctx.seq_pos_max(MAIN_SEQ) < p0:  # no open block on the GPU
+            return None
+        self.ctx.seq_cp(MAIN_SEQ, HARVEST_SEQ, p0, p1)
+        try:
+            cells = np.array(self.ctx.get_state(HARVEST_SEQ), dtype=np.uint8)  # [bytes]
+        finally:
+            self.ctx.seq_rm(HARVEST_SEQ, -1, -1)
+        self.ctx.seq_rm(MAIN_SEQ, p0, p1)
+        return cells
+
+    def land(self, lifted: Lifted, restore: Mapping[int, int]) -> Moves:
+        """Restore the blocks of `restore` (block id -> first position; the lifted ones
+        among them) in one position-ordered pass, then the lifted open block's cells."""
+        moves = lifted.moves
+        moves += self.restore(restore, relaid=lifted.starts.keys())
+        cells = lifted.open_cells
+        if cells is not None:
+            self.ctx.set_state(cells, RESTORE_SEQ)
+            self.ctx.seq_cp(RESTORE_SEQ, MAIN_SEQ, -1, -1)
+            self.ctx.seq_rm(RESTORE_SEQ, -1, -1)
+            moves.relaid_bytes += len(cells)
+        return moves
+
+    def relay_from(self, first: int | None, restore: Mapping[int, int]) -> Moves:
+        """Restore `restore` after lifting what follows block `first` (the lowest block the
+        change touched), the lifted blocks where they were."""
+        lifted = self.lift_from(first)
+        return self.land(lifted, {**restore, **lifted.starts})
 
     def reset(self) -> None:
         """The context was cleared: no block is on the GPU any more."""
@@ -158,6 +245,9 @@ class WindowResidency:
 
     def restore_own(self, block_ids: Sequence[int]) -> Moves:
         """Copy host blocks in at their own positions (those not on the GPU already)."""
+        return self.restore(self.own_starts(block_ids))
+
+    def own_starts(self, block_ids: Sequence[int]) -> dict[int, int]:
+        """Block id -> its own first position, for those of `block_ids` not on the GPU."""
         bt = self.table.block_tokens
-        wanted = [b for b in block_ids if not self.table.is_on_gpu(b)]
-        return self.restore({b: b * bt for b in wanted})
+        return {b: b * bt for b in block_ids if not self.table.is_on_gpu(b)}

@@ -193,6 +193,7 @@ class KVMemSession:
             self.config,
             self.source.kind,
             self.ssm.active,
+            self.grid,
         )
 
         def ranks(spans: PromptSpans, end: int) -> bool:

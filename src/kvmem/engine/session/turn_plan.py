@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from kvmem.config import KVMemConfig, QueryPolicy, QueryReplay
+from kvmem.config import CellOrder, KVMemConfig, QueryPolicy, QueryReplay
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
 from ..query.source_kind import SourceKind
@@ -24,10 +24,24 @@ class ChunkGrid:
 
     chunk_tokens: int
     stream_grid: int
+    ubatch: int = 0  # llama.cpp's ubatch: a chunk's decode runs in ubatches from its start
+
+    def ubatch_start(self, position: int) -> int:
+        """Where the ubatch holding `position` starts when its chunk is decoded whole (a
+        fresh prefill's): a prefill resumed there runs the ubatches a fresh one ran."""
+        if self.ubatch <= 0:
+            return position
+        chunk_start = position - position % self.chunk_tokens
+        return chunk_start + (position - chunk_start) // self.ubatch * self.ubatch
 
     @classmethod
     def of(
-        cls, config: KVMemConfig, n_batch: int, capacity: int, n_ctx: int | None = None
+        cls,
+        config: KVMemConfig,
+        n_batch: int,
+        capacity: int,
+        n_ctx: int | None = None,
+        n_ubatch: int = 0,
     ) -> ChunkGrid:
         """A multiple (or, for a small batch, a divisor) of the block size that leaves room
         for the window and fits the batch. `n_ctx`: the logical context; one no larger
@@ -36,12 +50,12 @@ class ChunkGrid:
         bt = config.block_tokens
         if not config.enabled:
             chunk = max(1, min(n_batch, capacity))
-            return cls(chunk, max(chunk, bt))
+            return cls(chunk, max(chunk, bt), n_ubatch)
         protected = (config.sink_blocks + config.recent_blocks + 1) * bt
         chunk = _aligned(max(1, min(n_batch, capacity - protected)), bt)
         if chunk < bt and n_ctx is not None and n_ctx <= config.budget:
             chunk = _largest_whole_context_chunk(n_batch, capacity, n_ctx, bt, chunk)
-        return cls(chunk, max(chunk, bt))
+        return cls(chunk, max(chunk, bt), n_ubatch)
 
 
 def _aligned(limit: int, bt: int) -> int:
@@ -77,6 +91,7 @@ class TurnInputs:
     config: KVMemConfig
     source: SourceKind
     hybrid: bool  # recurrent state: its prefill has checkpoints of its own
+    grid: ChunkGrid | None = None  # the prefill's chunks (None: a resume starts anywhere)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +123,8 @@ def plan_turn(inputs: TurnInputs, ranks: Ranks, lacking: Lacking) -> TurnPlan:
         reused = min(reused, tail)  # a fresh server decodes the tail after the plan
     if inputs.source is SourceKind.MAIN and ranks(spans, n):
         reused = restart_for_rows(wanted_spans(inputs, spans, n, ranks), reused, c, lacking)
+    if c.cell_order is CellOrder.CANONICAL and inputs.grid is not None:
+        reused = inputs.grid.ubatch_start(reused)  # the ubatches of a fresh prefill
     end = n if tail is None else tail
     return TurnPlan(n, spans, common, reused, tail, wanted_spans(inputs, spans, end, ranks))
 
