@@ -12,6 +12,7 @@ import pytest
 from kvmem.errors import MemoryLayoutError
 from kvmem.memory.ggml_types import GgmlType
 from kvmem.memory.retrieval_index import (
+    SLICE_TOKENS,
     BlockKeys,
     KeyGeometry,
     RetrievalIndex,
@@ -201,6 +202,29 @@ def test_add_blocks_batched_equals_one_by_one(k_type: GgmlType) -> None:
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     with pytest.raises(MemoryLayoutError):
         batched.put([1], summaries)  # 4 summaries for 1 id
+
+
+def test_a_batch_past_the_slice_is_summarized_in_slices_with_the_same_values() -> None:
+    """Five 64-token blocks are three slices of at most SLICE_TOKENS tokens (2, 2, 1
+    blocks): each block's (mean, min, max) is bit for bit its summary alone."""
+    g = _geometry(GgmlType.Q8_0, RopeType.NEOX, 64)
+    rng = np.random.default_rng(5)
+    n_tokens = 64
+    assert SLICE_TOKENS // n_tokens == 2
+    blocks = []
+    for block_id in (2, 3, 7, 8, 12):
+        positions = np.arange(block_id * n_tokens, (block_id + 1) * n_tokens, dtype=np.int32)
+        content = rng.standard_normal((N_LAYER, n_tokens, N_HEAD_KV, HEAD_DIM)).astype(np.float32)
+        blocks.append(BlockKeys(block_id, positions, _cache_rows(content, positions, g)))
+    index = RetrievalIndex(g, SCORED)
+    batch = index.summarize(blocks)  # [5, 3, n_scored, n_kv, head_dim]
+    alone = np.stack([index.summarize([b])[0] for b in blocks])  # the same, block by block
+    assert batch.shape == (5, 3, len(SCORED), N_HEAD_KV, HEAD_DIM)
+    assert batch.dtype == np.float32
+    np.testing.assert_array_equal(batch, alone)
+    index.add_blocks(blocks)
+    assert index.block_ids() == (2, 3, 7, 8, 12)
+    np.testing.assert_array_equal(index.means([7, 12]), batch[[2, 4], 0])
 
 
 def test_default_score_layers() -> None:

@@ -39,6 +39,7 @@ from .session.window import GpuWindow
 from .spec.mtp_draft import MtpDrafter
 from .spec.spec_decode import spec_decoder
 from .trace import Tracer
+from .transfer.host_pages import use_ordinary_pages
 from .transfer.kv_transfer import KVTransfer
 
 
@@ -85,6 +86,8 @@ def build_contexts(
 ) -> Contexts:
     """The main context of `cells` cells and the contexts beside it."""
     kv = settings.kvmem
+    if kv.enabled:
+        use_ordinary_pages()  # the host store grows by fresh buffers: see host_pages.py
     ctx_settings = context_settings(settings, cells)
     # the main context's callback: the capture's, unless a scoring context reads the query
     scored_apart = capture is not None and kv.query_source is QuerySource.SCORING
