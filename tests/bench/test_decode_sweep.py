@@ -85,6 +85,16 @@ class TimedEngine:
         self.closed = True
 
 
+def test_a_negative_stream_is_refused_before_any_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")  # never read: the flags are checked first
+    assert main(["decode-sweep", "-m", str(model), "--stream-tokens", "-2"]) == 2
+    err = capsys.readouterr().err
+    assert "--kvmem-stream-tokens: must be >= 0 (or -1 for the default), got -2" in err
+
+
 def test_points_start_with_stock_at_the_window() -> None:
     assert SETTINGS.points() == [
         SweepPoint(SweepConfig.STOCK, 512, window=True),
@@ -151,6 +161,8 @@ def test_command_on_a_tiny_synthetic_model(
             "64",  # 13 window slots: sink 1, recent 2, the query 8, and 2 for the ranked blocks
             "--harvest-tokens",
             "256",  # two blocks wait, then go together
+            "--stream-tokens",
+            "512",  # half the budget: the default's value, spelled out
             "--gen-tokens",
             "16",
             "--configs",
@@ -166,6 +178,7 @@ def test_command_on_a_tiny_synthetic_model(
     doc = json.loads((tmp_path / "decode_sweep.json").read_text())
     assert doc["settings"]["cache_type_k"] == "f16" and doc["settings"]["budget"] == 1024
     assert doc["settings"]["block_tokens"] == 64 and doc["settings"]["harvest_tokens"] == 256
+    assert doc["settings"]["stream_tokens"] == 512
     rows = [(r["config"], r["context"], r["window"]) for r in doc["results"]]
     assert rows == [
         ("stock", 1024, True),

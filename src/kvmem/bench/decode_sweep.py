@@ -113,6 +113,7 @@ class SweepSettings:
     seed: int = 0
     block_tokens: int = 128
     harvest_tokens: int = HARVEST_TOKENS
+    stream_tokens: int = -1  # as --kvmem-stream-tokens (-1: half the budget)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -131,6 +132,7 @@ class SweepSettings:
             "seed": self.seed,
             "block_tokens": self.block_tokens,
             "harvest_tokens": self.harvest_tokens,
+            "stream_tokens": self.stream_tokens,
         }
 
     def points(self) -> list[SweepPoint]:
@@ -243,6 +245,7 @@ def engine_opener(settings: SweepSettings) -> Callable[[SweepPoint], BenchEngine
             gen_reserve=settings.gen_reserve,
             block_tokens=settings.block_tokens,
             harvest_tokens=settings.harvest_tokens,
+            stream_tokens=settings.stream_tokens,
             method=point.config.method,
             query_source=QuerySource.SCORING if point.config.scoring else QuerySource.MAIN,
             query_ahead=(
@@ -351,6 +354,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=HARVEST_TOKENS,
         help="as --kvmem-harvest-tokens: harvest complete blocks once this many tokens wait",
     )
+    p.add_argument(
+        "--stream-tokens",
+        type=strict_int,
+        default=-1,
+        help="as --kvmem-stream-tokens: the newest tokens a prefill chunk sees (-1: budget/2)",
+    )
     p.add_argument("-t", "--threads", type=strict_int, default=None)
     p.add_argument("-b", "--batch-size", type=strict_int, default=2048)
     p.add_argument("-ub", "--ubatch-size", type=strict_int, default=512)
@@ -383,12 +392,14 @@ def run(ns: argparse.Namespace) -> int:
         seed=ns.seed,
         block_tokens=ns.block_tokens,
         harvest_tokens=ns.harvest_tokens,
+        stream_tokens=ns.stream_tokens,
     )
     KVMemConfig(
         budget=settings.budget,
         gen_reserve=settings.gen_reserve,
         block_tokens=settings.block_tokens,
         harvest_tokens=settings.harvest_tokens,
+        stream_tokens=settings.stream_tokens,
     ).validate()
     if min(settings.contexts + (settings.budget,)) <= settings.gen_tokens:
         raise ConfigError("--gen-tokens", "every context must be larger than --gen-tokens")
