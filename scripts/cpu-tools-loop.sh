@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Issue 34 on the CPU: the tool loop on a synthetic 16-layer, 1024-wide model (q8_0 weights
-# and KV, flash attention), one kvmem-server per --kvmem-harvest-tokens value, their rounds
-# interleaved by one `kvmem-bench tools` call (same load for every configuration).
+# and KV, flash attention), one kvmem-server per --kvmem-harvest-tokens value and per code
+# tree, their rounds interleaved by one `kvmem-bench tools` call (same load for every one).
 #
 #   scripts/cpu-tools-loop.sh [OUT]    OUT default /tmp/tools-loop
+#   SRCS="../a/src ../b/src" HARVEST=8192 scripts/cpu-tools-loop.sh OUT    (an A/B of two trees)
 #
 # Environment (defaults in brackets): HARVEST ["0 4096 8192"], CTX [8192], BUDGET [4096],
-# ROUNDS [3], GEN [8], THREADS [2], NICE [10], MODEL [$OUT/m16.gguf, written if missing].
+# ROUNDS [3], GEN [8], THREADS [2], NICE [10], MODEL [$OUT/m16.gguf, written if missing],
+# SRCS [this checkout's code; else checkouts' src/ folders, labelled by their folder].
 # The loop targets 7/8 of CTX: the characters-per-token estimate is ~5% off on small plans.
 # The last table of OUT/tools.txt is the report (docs/benchmarks.md, `tools`).
 set -u
@@ -24,14 +26,19 @@ if [ ! -f "$MODEL" ]; then
     --n-head-kv 8 --n-ff 1024 --n-ctx-train 131072 --threads "$THREADS" || exit 1
 fi
 pids=() args=() port=18600
-for h in $HARVEST; do
-  port=$((port + 1))
-  nice -n "$NICE" "$BIN/kvmem-server" -m "$MODEL" -c "$CTX" --kvmem-budget "$BUDGET" \
-    --kvmem-gen-reserve 256 --kv-dtype q8_0 -fa on --metrics -t "$THREADS" --port "$port" \
-    --kvmem-query-source scoring --kvmem-query-ahead on --kvmem-harvest-tokens "$h" \
-    > "$OUT/server-h$h.log" 2>&1 &
-  pids+=($!)
-  args+=(--url "http://127.0.0.1:$port" --label "h$h" --server-pid "$!")
+for src in ${SRCS:-.}; do
+  tree=""
+  [ "$src" != . ] && tree="$(basename "$(dirname "$src")")-"
+  for h in $HARVEST; do
+    port=$((port + 1))
+    label="${tree}h$h"
+    env ${SRCS:+PYTHONPATH=$src} nice -n "$NICE" "$BIN/kvmem-server" -m "$MODEL" -c "$CTX" \
+      --kvmem-budget "$BUDGET" --kvmem-gen-reserve 256 --kv-dtype q8_0 -fa on --metrics \
+      -t "$THREADS" --port "$port" --kvmem-query-source scoring --kvmem-query-ahead on \
+      --kvmem-harvest-tokens "$h" > "$OUT/server-$label.log" 2>&1 &
+    pids+=($!)
+    args+=(--url "http://127.0.0.1:$port" --label "$label" --server-pid "$!")
+  done
 done
 nice -n "$NICE" "$BIN/kvmem-bench" tools "${args[@]}" --wait 300 --ignore-eos \
   --rounds "$ROUNDS" --target-tokens $((CTX * 7 / 8)) --gen-tokens "$GEN" --out "$OUT" \
