@@ -56,10 +56,12 @@ class KeyGeometry:
         return self.k_type.row_bytes(self.n_embd_k)
 
 
-# Tokens summarized at once. A batch's float32 temporaries are ~4 times its keys (a 128-token
-# block of a 24-layer, 2-head, 64-dim model: 3 MB), and large ones are fresh mmaps on every
-# call, whose first touch ran at 0.1 GB/s on a 2-core VM: 28 blocks of a 16-layer model took
-# 4.6 s at once and 3 ms a block in slices of this size (reused from the heap, in cache).
+# Tokens summarized at once. A batch's float32 temporaries hold n_tokens x n_scored x n_kv x
+# head_dim values each (3.9 MB for 128 tokens of a 16-layer, 8-KV-head, 64-dim model), and
+# large ones are fresh mappings on every call. On a 2-core VM, 28 such blocks took 4.6 s in
+# one batch (huge-page first touch: see engine/transfer/host_pages.py); in slices of this
+# size, reused from the heap and in cache, a block takes 3 ms, and 8 warm blocks took 22 ms
+# against 42 ms in one warm batch.
 SLICE_TOKENS = 128
 
 DEFAULT_SCORED_LAYERS = 23  # layers 1..23 of a 24-layer model: measured best on Qwen2.5-0.5B

@@ -6,10 +6,11 @@ default of many distributions), such a fault may compact memory before it return
 page. A KVMem engine allocates fresh host memory all the time: the host store grows by a
 buffer per harvested block, and the query rows, the staging buffers and the index's
 temporaries are large arrays. On a 2-core VM (2026-12-05) the first touch of madvised
-memory ran at 0.1-0.2 GB/s against 2.5 GB/s with ordinary pages, and it was the whole
-gap of KVMem's prefill and decode to plain llama.cpp under budget there: a 4K prefill of
-the synthetic 16-layer model took 14.15 s against 12.30 s with ordinary pages (the
-copy-out 728 -> 59 ms, the state read 495 -> 58 ms, the query rows' copy 857 -> 57 ms).
+memory ran at 0.1-0.2 GB/s against 2.5 GB/s with ordinary pages, and it was most of
+the gap of KVMem's prefill to plain llama.cpp under budget there: a 4K prefill of the
+synthetic 16-layer model took 14.15 s against 12.30 s with ordinary pages (stock: about
+12.0 s; the copy-out 728 -> 59 ms, the state read 495 -> 58 ms, the query rows' copy
+857 -> 57 ms).
 
 So an engine with KVMem turns numpy's huge-page advice off for the process, unless the
 user chose with numpy's own variable, `NUMPY_MADVISE_HUGEPAGE` (0 or 1), which wins.
