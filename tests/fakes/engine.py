@@ -109,6 +109,9 @@ class FakeEngine:
     def is_eog(self, token: int) -> bool:
         return False
 
+    def tier_gauges(self) -> dict[str, int]:
+        return {}  # no disk tier
+
     def generate(
         self,
         prompt: Sequence[int],

@@ -43,6 +43,9 @@ class FakeLanes:
     def close(self) -> None:
         self.closed = True
 
+    def tier_gauges(self) -> dict[str, int]:
+        return {}
+
 
 def lanes_worker(lanes: FakeLanes, queue_size: int = 4) -> EngineWorker:
     worker = EngineWorker(lambda: lanes, queue_size, ServerMetrics())  # type: ignore[arg-type]

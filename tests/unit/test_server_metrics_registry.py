@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import prometheus_client
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvmem.chat.turn import TurnUsage
+from kvmem.engine.trace import EngineStats, tier_gauges
+from kvmem.memory.tiered_store import TieredStore
 from kvmem.server.metrics import ServerMetrics
+from tests.unit.test_memory_tiered_store import _block as block
 
 # llama-server's to_metrics() (tools/server/server-task.cpp, llama-cpp-python 0.3.36)
 LLAMACPP_COUNTERS = (
@@ -82,3 +87,27 @@ def test_each_app_has_its_own_registry() -> None:
     assert a._registry is not None and a._registry.registry is not prometheus_client.REGISTRY
     global_names = {f.name for f in prometheus_client.REGISTRY.collect()}
     assert not [n for n in global_names if n.startswith(("llamacpp:", "kvmem_"))]
+
+
+def test_tier_gauges_read_the_blocks_the_writer_lands_after_a_snapshot(tmp_path: Path) -> None:
+    """The server's /metrics reads `tier_gauges` at scrape time: a block the writer thread
+    lands after the turn's stats were taken counts there, not only at the next turn."""
+    s = TieredStore(tmp_path, ram_cap_bytes=416)
+    try:
+        metrics = ServerMetrics()
+        snapshot = EngineStats(host_blocks=7)
+        snapshot.set_tiers([s])  # the turn's end: nothing written yet
+        metrics.set_engine_stats(snapshot)
+        metrics.read_live(lambda: tier_gauges([s]))
+        s.put(block(0))
+        s.put(block(1))
+        assert s.flush(10)
+        rows = {name: value for name, _, _, value in metrics.rows()}
+        assert rows["kvmem_tier_disk_blocks"] == 2.0
+        assert rows["kvmem_tier_disk_bytes"] == 2.0 * 472
+        assert rows["kvmem_tier_ram_blocks"] == 1.0  # the cap holds one block
+        assert rows["kvmem_tier_degraded"] == 0.0
+        assert rows["kvmem_host_blocks"] == 7.0  # the rest comes from the snapshot
+        assert snapshot.tier_disk_blocks == 0
+    finally:
+        s.close()

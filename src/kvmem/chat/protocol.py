@@ -7,7 +7,7 @@ engine; the real `Engine` satisfies it structurally.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -81,6 +81,8 @@ class ChatEngine(Protocol):
 
     @property
     def stats(self) -> Any: ...
+
+    def tier_gauges(self) -> Mapping[str, int]: ...
 
     def tokenize(
         self, text: str, *, add_special: bool = False, parse_special: bool = True

@@ -20,7 +20,7 @@ from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.raw_query import raw_prompt_spans
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex, default_score_layers
 from kvmem.memory.spans import PromptSpans
-from kvmem.memory.tiered_store import MIB
+from kvmem.memory.tiered_store import MIB, TieredStore
 from kvmem.sampling import SamplingParams
 
 from .build import EngineParts, build_contexts, build_session
@@ -37,7 +37,7 @@ from .retrieval_parts import background_index, retrieval_parts
 from .session.session import KVMemSession
 from .session.window import TokenSpan
 from .spec.mtp_draft import MtpDrafter
-from .trace import EngineStats, PrefillProgress, Tracer, TurnStats
+from .trace import EngineStats, PrefillProgress, Tracer, TurnStats, tier_gauges
 from .transfer.rpc_traffic import NetworkMeter
 from .transfer.transfer_profile import PathTiming, TransferPath
 
@@ -342,11 +342,21 @@ class Engine:
             self.stats.conversations_evicted = self.pool.evicted
         self.stats.gpu_cells_used = self.session.window.cells_used()
         self.stats.gpu_cells_peak = self.session.window.peak_cells
-        stores = [self.disk_store] if self.disk_store is not None else []
-        if self.conv_disk is not None:
-            stores = list(self.conv_disk.stores.values())
+        stores = self._tier_stores()
         if stores:
             self.stats.set_tiers(stores)
+
+    def tier_gauges(self) -> dict[str, int]:
+        """The disk tier's `EngineStats.tier_*` figures now, from any thread; empty without
+        `--kvmem-disk-dir`. The stats' copy is taken at each turn's end, before the writer
+        thread has landed that turn's blocks."""
+        stores = self._tier_stores()
+        return tier_gauges(stores) if stores else {}
+
+    def _tier_stores(self) -> list[TieredStore]:
+        if self.conv_disk is not None:
+            return list(self.conv_disk.stores.values())
+        return [self.disk_store] if self.disk_store is not None else []
 
     def _account_stores(self) -> None:
         sessions = [c.session for c in self.pool.conversations] if self.pool else [self.session]

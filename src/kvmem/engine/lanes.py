@@ -81,6 +81,17 @@ class EngineLanes:
         """The lanes' counters and gauges summed (cells: N x (budget + reserve))."""
         return combined_stats([e.stats for e in self.lanes])
 
+    def tier_gauges(self) -> dict[str, int]:
+        """The lanes' disk-tier figures now (`Engine.tier_gauges`): summed, except that
+        `tier_degraded` is 1 when any lane's tier stopped writing."""
+        total: dict[str, int] = {}
+        for lane in self.lanes:
+            for name, value in lane.tier_gauges().items():
+                total[name] = total.get(name, 0) + value
+        if "tier_degraded" in total:
+            total["tier_degraded"] = min(1, total["tier_degraded"])
+        return total
+
     # text (the shared vocabulary: any lane answers, from any thread) --------------------
     def tokenize(
         self, text: str, *, add_special: bool = False, parse_special: bool = True

@@ -165,16 +165,26 @@ class EngineStats:
 
     def set_tiers(self, stores: Sequence[TieredStore]) -> None:
         """The tiered stores' totals (--kvmem-disk-dir: one store, or one per conversation)."""
-        self.tier_ram_hits = sum(s.tier.ram_hits for s in stores)
-        self.tier_ram_misses = sum(s.tier.ram_misses for s in stores)
-        self.tier_ram_bytes = sum(s.ram_bytes for s in stores)
-        self.tier_ram_blocks = sum(s.ram_blocks for s in stores)
-        self.tier_disk_bytes = sum(s.disk_bytes for s in stores)
-        self.tier_disk_blocks = sum(s.disk_blocks for s in stores)
-        self.tier_disk_read_bytes = sum(s.tier.disk_read_bytes for s in stores)
-        self.tier_disk_write_bytes = sum(s.tier.disk_write_bytes for s in stores)
-        self.tier_write_failures = sum(s.tier.write_failures for s in stores)
-        self.tier_degraded = int(any(s.degraded is not None for s in stores))
+        for name, value in tier_gauges(stores).items():
+            setattr(self, name, value)
+
+
+def tier_gauges(stores: Sequence[TieredStore]) -> dict[str, int]:
+    """The disk tier's counters and gauges (`EngineStats.tier_*`) read now from `stores`; the
+    stores lock what they count, so any thread may read them (the server's /metrics does, as
+    the writer thread lands a turn's blocks after the turn's end)."""
+    return {
+        "tier_ram_hits": sum(s.tier.ram_hits for s in stores),
+        "tier_ram_misses": sum(s.tier.ram_misses for s in stores),
+        "tier_ram_bytes": sum(s.ram_bytes for s in stores),
+        "tier_ram_blocks": sum(s.ram_blocks for s in stores),
+        "tier_disk_bytes": sum(s.disk_bytes for s in stores),
+        "tier_disk_blocks": sum(s.disk_blocks for s in stores),
+        "tier_disk_read_bytes": sum(s.tier.disk_read_bytes for s in stores),
+        "tier_disk_write_bytes": sum(s.tier.disk_write_bytes for s in stores),
+        "tier_write_failures": sum(s.tier.write_failures for s in stores),
+        "tier_degraded": int(any(s.degraded is not None for s in stores)),
+    }
 
 
 class Tracer:

@@ -3,12 +3,14 @@
 
 Request-level counters come from each turn's usage; KVMem transfer counters and gauges
 come from the engine's cumulative stats, snapshotted by the worker thread after each job
-(the HTTP side never touches the engine).
+(the HTTP side never touches the engine), except the disk tier's, which its stores count
+under their own lock and a scrape reads as they are (`ServerMetrics.read_live`).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -194,6 +196,9 @@ class ServerMetrics:
         self.n_batch = 2048  # -b, for llamacpp:n_decode_total
         self._llamacpp = LlamaCppCounters()
         self._registry: Any = None  # a MetricsRegistry, built on the first scrape
+        # the disk tier's figures, read at each scrape (its writer thread lands a turn's
+        # blocks after the turn's end, when the engine stats were snapshotted)
+        self._live: Callable[[], Mapping[str, int]] | None = None
 
     def record_turn(self, usage: TurnUsage) -> None:
         with self._lock:
@@ -228,6 +233,11 @@ class ServerMetrics:
         )
         with self._lock:
             self._engine = snapshot
+
+    def read_live(self, source: Callable[[], Mapping[str, int]]) -> None:
+        """Engine stats that `source` reads at scrape time, over the job-end snapshot
+        (`ChatEngine.tier_gauges`: thread-safe reads of the disk tier's stores)."""
+        self._live = source
 
     def counters(self) -> ServerCounters:
         with self._lock:
@@ -307,6 +317,8 @@ class ServerMetrics:
         ]
         with self._lock:
             rows += llamacpp_rows(c, self._llamacpp, self.processing, self.deferred)
+        live = self._live() if self._live is not None else {}
         for name, help_text, stat, scale, kind in _ENGINE_METRICS:
-            rows.append((name, help_text, kind, float(self.engine_value(stat)) * scale))
+            value = live[stat] if stat in live else self.engine_value(stat)
+            rows.append((name, help_text, kind, float(value) * scale))
         return rows

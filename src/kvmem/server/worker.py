@@ -220,6 +220,7 @@ class EngineWorker:
             self.state = WorkerState.READY if not self._stopping else WorkerState.STOPPED
         self._stats_source = engine
         self._metrics.set_engine_stats(engine.stats)
+        self._metrics.read_live(engine.tier_gauges)
         if self._on_ready is not None:
             self._on_ready(engine)
         others = [

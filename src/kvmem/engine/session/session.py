@@ -271,8 +271,9 @@ class KVMemSession:
         stats: TurnStats,
         scored: BlockScores | None = None,
     ) -> None:
-        stats.add(self.window.flush())  # the plan reads the index: every complete block in it
         pending = n - self.table.n_tokens  # the deferred tail
+        if self.window.candidates(self.window.request(spans, self.forced(), pending)):
+            stats.add(self.window.flush())  # the plan reads the index: every block in it
         res = self.window.plan(spans, qvec, n, self.forced(), pending, scored)
         stats.add(self.window.apply(res).moves)
         if res.replay_from is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kvmem.memory.layout import window_layout
 from kvmem.memory.planner import (
@@ -210,7 +210,9 @@ class GpuWindow(WindowResidency):
         plan, starts = res.plan, res.starts
         # a block already moved is restored afresh rather than shifted a second time
         restage = [b for b in plan.keep if b in self.moved and self.moved[b] != starts[b]]
-        moves = self.harvest()  # a move shifts the cells a harvest reads at their own positions
+        moves = Moves()
+        if plan.evict or plan.stage_in or restage or self._shifts(plan.keep, starts):
+            moves = self.harvest()  # a move shifts the cells a harvest reads at their places
         moves += self.evict(list(plan.evict) + restage)
         # the blocks after the first one the plan changes are laid again with those coming in
         lifted = self.lift_from(first_change(plan.evict, plan.stage_in, restage))
@@ -240,6 +242,11 @@ class GpuWindow(WindowResidency):
         )
         trace_reselect(self.tracer, res, applied, ms, self.table.n_complete_blocks)
         return applied
+
+    def _shifts(self, keep: Sequence[int], starts: Mapping[int, int]) -> bool:
+        """Whether a kept block goes elsewhere (a plan that changes nothing harvests nothing
+        now: its blocks go to the host at the next harvest or the turn's end)."""
+        return any(starts[b] != self.start(b) for b in keep)
 
     def _move(self, resident: dict[int, int], starts: dict[int, int]) -> int:
         """Shift resident blocks (block id -> first position now) to `starts`."""
