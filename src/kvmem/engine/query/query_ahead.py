@@ -100,13 +100,15 @@ class QueryAhead:
 
     def scores(self) -> BlockScores | None:
         """The scores computed ahead (None: not started, or no query), with the time the
-        turn waited for them."""
+        turn waited for them; scores that came after the last poll are `prepare`d now, so
+        their restore is built while the plan harvests and evicts."""
         if self._scores is None:
             return None
         t0 = time.perf_counter()
         got = self._scores.result()
         if got is None:
             return None
+        self._prepared()
         return replace(got, wait_ms=(time.perf_counter() - t0) * 1e3, ahead_at=self.scores_from)
 
     def settle(self) -> None:

@@ -8,7 +8,7 @@ the main context (the query capture armed when asked) and record it in the windo
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -66,6 +66,23 @@ class ChunkRunner:
         finally:
             got = capture.disarm() if capture is not None else {}
         return got
+
+    def run_pieces(
+        self, chunk: list[int], pos: int, last: bool, arm: bool, between: Callable[[], None]
+    ) -> dict[int, np.ndarray]:
+        """`run` (a prompt chunk, no logits but the last token's when `last`) in the
+        ubatches llama.cpp splits it into anyway, with `between` after each but the last:
+        each ubatch sees the same cells, so the logits and rows are the same bit for bit."""
+        step = self.grid.ubatch if 0 < self.grid.ubatch < len(chunk) else len(chunk)
+        parts: dict[int, list[np.ndarray]] = {}
+        for p0 in range(0, len(chunk), step):
+            end = p0 + step >= len(chunk)
+            got = self.run(chunk[p0 : p0 + step], pos + p0, False, last and end, arm)
+            for layer, rows in got.items():
+                parts.setdefault(layer, []).append(rows)
+            if not end:
+                between()
+        return {layer: np.concatenate(rows) for layer, rows in parts.items()}
 
     def record(self, chunk: Sequence[int], stats: TurnStats) -> None:
         stats.add(self.window.append(chunk))

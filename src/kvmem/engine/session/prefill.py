@@ -24,10 +24,12 @@ def prefill_chunks(
     capture: tuple[TokenSpan, ...],
     stats: TurnStats,
     on_chunk: Callable[[], None] | None = None,
+    inside_last: Callable[[], None] | None = None,
 ) -> SpanRows:
     """Decode the prompt's `tokens` after the history; returns the rows captured of each
     span of `capture` (layer -> [tokens, dim], the part this prefill decoded). `on_chunk`
-    runs after each chunk is recorded (the query work ahead)."""
+    runs after each chunk is recorded, and `inside_last` between the ubatches of the last
+    chunk (both: the query work ahead, whose scores may land while the last chunk runs)."""
     grid, window = runner.grid, runner.window
     captured: dict[TokenSpan, dict[int, list[np.ndarray]]] = {}
     c0 = 0
@@ -45,7 +47,11 @@ def prefill_chunks(
         window.note_decode()
         live = [s for s in capture if pos < s.end and pos + len(chunk) > s.start]
         t_decode, net0 = time.perf_counter(), runner.profile.net_mark()
-        got = runner.run(chunk, pos, False, c0 + len(chunk) == len(tokens), bool(live))
+        last = c0 + len(chunk) == len(tokens)
+        if last and inside_last is not None:
+            got = runner.run_pieces(chunk, pos, last, bool(live), inside_last)
+        else:
+            got = runner.run(chunk, pos, False, last, bool(live))
         decode_ms = (time.perf_counter() - t_decode) * 1e3
         for span in live:
             lo, hi = max(span.start, pos) - pos, min(span.end, pos + len(chunk)) - pos

@@ -235,7 +235,10 @@ class KVMemSession:
                     ahead.poll()
                 self._report_progress(stats)
 
-            captured = prefill_chunks(self.runner, suffix, plan.spans, kept, stats, on_chunk)
+            inside = ahead.poll if ahead is not None else None
+            captured = prefill_chunks(
+                self.runner, suffix, plan.spans, kept, stats, on_chunk, inside
+            )
             if ahead is not None:
                 captured = ahead.rows()
                 self.transfer.profile.add(
