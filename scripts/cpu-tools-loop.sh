@@ -8,6 +8,7 @@
 #
 # Environment (defaults in brackets): HARVEST ["0 4096 8192"], CTX [8192], BUDGET [4096],
 # ROUNDS [3], GEN [8], THREADS [2], NICE [10], MODEL [$OUT/m16.gguf, written if missing],
+# EXTRA [more kvmem-server flags for every server, e.g. "--kvmem-trace"],
 # SRCS [this checkout's code; else checkouts' src/ folders, labelled by their folder].
 # The loop targets 7/8 of CTX: the characters-per-token estimate is ~5% off on small plans.
 # The last table of OUT/tools.txt is the report (docs/benchmarks.md, `tools`).
@@ -35,7 +36,7 @@ for src in ${SRCS:-.}; do
     env ${SRCS:+PYTHONPATH=$src} nice -n "$NICE" "$BIN/kvmem-server" -m "$MODEL" -c "$CTX" \
       --kvmem-budget "$BUDGET" --kvmem-gen-reserve 256 --kv-dtype q8_0 -fa on --metrics \
       -t "$THREADS" --port "$port" --kvmem-query-source scoring --kvmem-query-ahead on \
-      --kvmem-harvest-tokens "$h" > "$OUT/server-$label.log" 2>&1 &
+      --kvmem-harvest-tokens "$h" ${EXTRA:-} > "$OUT/server-$label.log" 2>&1 &
     pids+=($!)
     args+=(--url "http://127.0.0.1:$port" --label "$label" --server-pid "$!")
   done

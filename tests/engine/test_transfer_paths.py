@@ -103,6 +103,56 @@ def test_a_restore_uses_the_blobs_built_ahead_only_for_exactly_its_blocks(smollm
         engine.close()
 
 
+def test_a_restore_sends_each_piece_built_ahead_while_the_builder_builds_the_next(
+    smollm2_path, monkeypatch
+):
+    """A blob built ahead goes in `RESTORE_PIECES` pieces, one build job each: the restore
+    writes a piece as soon as it is built. Here the builder may build piece k only once
+    piece k - 1 is written (a restore that waited for the whole build would stall it), and
+    the logits are those of a never-evicted context."""
+    import threading
+
+    from kvmem.engine.transfer import kv_transfer, restore_ahead
+
+    engine = make_engine(
+        smollm2_path, cache="q8_0", kvmem=KVMemConfig(budget=2048, gen_reserve=256)
+    )
+    session, transfer = engine.session, engine.session.transfer
+    events: list[str] = []
+    written = [threading.Event() for _ in range(4)]
+    build, set_blob = restore_ahead.build_state, kv_transfer.KVTransfer._set_blob
+
+    def gated_build(layout, blocks, seq, out, **kw):
+        k = blocks[0].block_id - 1
+        if k > 0 and not written[k - 1].wait(20):
+            events.append(f"build {k} not let through")
+        events.append(f"build {k}")
+        return build(layout, blocks, seq, out, **kw)
+
+    def noted_set(self, blob, blocks, starts):
+        set_blob(self, blob, blocks, starts)
+        events.append(f"write {blocks[0].block_id - 1}")
+        written[blocks[0].block_id - 1].set()
+
+    try:
+        prompt, token, reference = _never_evicted(engine, seed=17)
+        session.ctx.seq_rm(0, len(prompt), -1)
+        session.window.evict([1, 2, 3, 4])
+        monkeypatch.setattr(restore_ahead, "build_state", gated_build)
+        monkeypatch.setattr(kv_transfer.KVTransfer, "_set_blob", noted_set)
+        assert transfer.prepare([1, 2, 3, 4])
+        transfer.profile.clear()
+        stats = TurnStats()
+        stats.add(session.window.restore({1: 128, 2: 256, 3: 384, 4: 512}))
+        assert events == [f"{e} {k}" for k in range(4) for e in ("build", "write")]
+        assert (stats.stage_in_blocks, stats.built_ahead_blocks) == (4, 4)
+        assert transfer.profile.paths[TransferPath.STATE_BUILD].calls == 0
+        session.ctx.decode([token], len(prompt), [True])
+        assert np.array_equal(session.ctx.logits(-1), reference)
+    finally:
+        engine.close()
+
+
 def test_harvest_copies_out_of_the_reused_buffer(smollm2_path):
     """Blocks in the host store own their memory: a later harvest through the same
     staging buffer leaves earlier blocks' bytes unchanged."""
@@ -142,7 +192,7 @@ def test_threaded_copies_are_bit_identical(smollm2_path):
             transfer.buffers = BlockBuffers(ahead_bytes=64 << 20)
             staging = transfer.staging
             threaded, writes = _logits_after(engine, prompt, token, staging)
-            assert writes == 1
+            assert writes == 3  # three blocks: a piece each (RESTORE_PIECES)
             assert np.array_equal(threaded, reference)
             assert transfer.buffers.hits + transfer.buffers.misses >= 5
         finally:
@@ -217,7 +267,7 @@ def test_native_and_numpy_copies_are_bit_identical(smollm2_path, cache, flash_at
             logits, writes = _logits_after(engine, prompt, token, transfer.staging)
             transfer.flush()
             got[name] = (logits, _stored(engine))
-            assert writes == 1
+            assert writes == 3  # a piece per block (RESTORE_PIECES)
         assert np.array_equal(got["native"][0], reference)
         assert np.array_equal(got["numpy"][0], reference)
         assert got["native"][1] == got["numpy"][1]

@@ -2,8 +2,8 @@
 
 Policy (which blocks move) lives in kvmem.memory.planner and the window; this module
 only performs the moves, batching every call: one state read for all the blocks
-harvested together, one state write for all the blocks restored together (in pieces
-whose blob fits the staging buffer). It never writes residency: the window (the one
+harvested together (in pieces whose blob fits the staging buffer), a few state writes for
+the blocks restored together (those pieces, each cut in up to `RESTORE_PIECES`). It never writes residency: the window (the one
 owner of where blocks are) records what it did.
 """
 
@@ -37,6 +37,11 @@ from .state_codec import StateLayout, build_state, kv_part_nbytes, parse_state, 
 from .transfer_profile import TransferPath, TransferProfile
 
 logger = logging.getLogger(__name__)
+
+# a restore goes in up to this many pieces within each that fits the staging buffer: a blob
+# built ahead is sent piece by piece while the builder builds the next (each piece is one
+# `llama_state_seq_set_data`: 2 x n_layer tensor writes)
+RESTORE_PIECES = 4
 
 
 @dataclass(slots=True)
@@ -237,11 +242,13 @@ class KVTransfer:
         if ready is not None and ready.versions != tuple(self.store.version(b) for b in ids):
             logger.debug("restore blobs built ahead are stale (blocks stored again): rebuilt")
             ready = None
+        built_ahead = 0
         if ready is not None:
-            blocks = self._restore_ready(ready, starts)
+            blocks = [b for piece in ready.pieces for b in piece]
+            built_ahead = self._restore_ready(ready, starts)
         else:
             blocks = [self.store.get(b) for b in ids]
-            for r in self._fitting([b.n_tokens for b in blocks]):
+            for r in self._restore_ranges([b.n_tokens for b in blocks]):
                 self._restore_piece(blocks[r.start : r.stop], starts)
         bt = self.table.block_tokens
         self.ctx.blocks_restored(
@@ -254,7 +261,7 @@ class KVTransfer:
             n_bytes,
             (time.perf_counter() - t0) * 1e3,
             tuple(b.block_id for b in blocks),
-            built_ahead=len(blocks) if ready is not None else 0,
+            built_ahead=built_ahead,
         )
 
     def prepare(self, block_ids: Sequence[int]) -> bool:
@@ -269,23 +276,43 @@ class KVTransfer:
             return False
         versions = [self.store.version(b) for b in ids]
         blocks = [self.store.get(b) for b in ids]
-        pieces = [blocks[r.start : r.stop] for r in self._fitting([b.n_tokens for b in blocks])]
-        return self.ahead.start(self.layout, pieces, versions)
+        ranges = self._restore_ranges([b.n_tokens for b in blocks])
+        return self.ahead.start(self.layout, [blocks[r.start : r.stop] for r in ranges], versions)
 
     def drop_ahead(self) -> None:
         """Forget the blobs `prepare` built (a turn's plan is made: they served it or not)."""
         if self.ahead is not None:
             self.ahead.drop()
 
-    def _restore_ready(self, ready: ReadyBlob, starts: Mapping[int, int]) -> list[BlockKV]:
-        """Restore the blobs built ahead; returns their blocks."""
-        prof = self.profile
-        blocks = [b for piece in ready.pieces for b in piece]
-        prof.add(TransferPath.STATE_BUILD_AHEAD, ready.build_ms, ready.nbytes, len(blocks))
-        prof.add(TransferPath.AHEAD_WAIT, ready.wait_ms)
-        for piece, blob in zip(ready.pieces, ready.blobs, strict=True):
+    def _restore_ready(self, ready: ReadyBlob, starts: Mapping[int, int]) -> int:
+        """Restore the blobs built ahead, each piece once built (a piece whose build failed
+        is built here); returns the blocks whose blob was built ahead."""
+        ahead = 0
+        for i, piece in enumerate(ready.pieces):
+            blob = ready.piece(i)
+            if blob is None:
+                self._restore_piece(piece, starts)
+                continue
+            ahead += len(piece)
             self._set_blob(blob, piece, starts)
-        return blocks
+        prof = self.profile
+        prof.add(TransferPath.STATE_BUILD_AHEAD, ready.build_ms, ready.nbytes, ahead)
+        prof.add(TransferPath.AHEAD_WAIT, ready.wait_ms)
+        return ahead
+
+    def _restore_ranges(self, cells: Sequence[int]) -> list[range]:
+        """A restore's pieces, the same whether its blobs are built ahead or here: those
+        that fit the staging buffer, each cut into up to `RESTORE_PIECES` (one range where
+        `_fitting` gives one: no staging buffer, a hybrid), so that a restore sends a piece
+        built ahead while the builder builds the next."""
+        ranges = self._fitting(cells)
+        if self.staging is None or self.hybrid is not None:
+            return ranges
+        out: list[range] = []
+        for r in ranges:
+            step = -(-len(r) // RESTORE_PIECES)
+            out += [range(i, min(i + step, r.stop)) for i in range(r.start, r.stop, step)]
+        return out
 
     def _fitting(self, cells: Sequence[int]) -> list[range]:
         """Consecutive index ranges of blocks (of `cells` cells each) whose blob fits the

@@ -37,22 +37,44 @@ AHEAD_BYTES = 3 << 30
 
 
 @dataclass(slots=True)
+class BuiltPiece:
+    """One piece's blob, built on the builder's thread."""
+
+    blob: np.ndarray  # uint8 [n_bytes], a view of RestoreAhead's buffer
+    build_ms: float
+
+
+@dataclass(slots=True)
 class ReadyBlob:
-    """Restore blobs built ahead, one per piece of the restore (`KVTransfer._fitting`)."""
+    """Restore blobs built ahead, one per piece of the restore (`KVTransfer._fitting`),
+    each on its own job: the restore sends a piece as soon as it is built, while the
+    builder goes on with the next."""
 
     pieces: list[list[BlockKV]]  # ascending block ids, piece after piece
-    blobs: list[np.ndarray]  # uint8 [n_bytes] per piece, views of RestoreAhead's buffer
-    build_ms: float  # on the builder's thread, beside the prefill
+    jobs: list[Future[BuiltPiece]]  # one per piece, run in order
     versions: tuple[int, ...]  # the store's version of each block when the build started
-    wait_ms: float = 0.0  # what the restore waited for the build
+    build_ms: float = 0.0  # of the pieces received, on the builder's thread
+    wait_ms: float = 0.0  # what the restore waited for them
+    nbytes: int = 0  # of the pieces received
 
     @property
     def block_ids(self) -> tuple[int, ...]:
         return tuple(b.block_id for piece in self.pieces for b in piece)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(len(blob) for blob in self.blobs)
+    def piece(self, i: int) -> np.ndarray | None:
+        """Piece `i`'s blob once built (the wait counted), or None if its build failed
+        (logged: the restore builds that piece itself)."""
+        t0 = time.perf_counter()
+        try:
+            built = self.jobs[i].result()
+        except Exception as e:
+            logger.warning("restore blob built ahead failed: %s", e)
+            return None
+        finally:
+            self.wait_ms += (time.perf_counter() - t0) * 1e3
+        self.build_ms += built.build_ms
+        self.nbytes += len(built.blob)
+        return built.blob
 
 
 class RestoreAhead:
@@ -69,8 +91,7 @@ class RestoreAhead:
         self.buffer = StagingBuffer(allocator, limit_bytes)
         self.native = native
         self._worker = ThreadPoolExecutor(1, "kvmem-restore-ahead")
-        self._job: Future[ReadyBlob] | None = None
-        self._ids: tuple[int, ...] = ()  # the blocks of the build
+        self._ready: ReadyBlob | None = None
 
     def start(
         self,
@@ -78,56 +99,45 @@ class RestoreAhead:
         pieces: Sequence[Sequence[BlockKV]],
         versions: Sequence[int],
     ) -> bool:
-        """Build the blob of every piece on the builder's thread (`versions`: the store's
-        version of each block, in order); False (nothing started) when there is nothing to
-        build or they do not fit the buffer's limit together."""
+        """Build the blob of every piece on the builder's thread, one job each, in order
+        (`versions`: the store's version of each block, in order); False (nothing started)
+        when there is nothing to build or they do not fit the buffer's limit together."""
         self.drop()
         sizes = [8 + kv_part_nbytes(layout, sum(b.n_tokens for b in p)) for p in pieces]
         if not pieces or sum(sizes) > self.buffer.limit_bytes:
             return False
-        job = [list(p) for p in pieces]
-        self._job = self._worker.submit(self._build, layout, job, sizes, tuple(versions))
-        self._ids = tuple(b.block_id for p in pieces for b in p)
+        buf = self._worker.submit(self.buffer.view, sum(sizes))  # uint8 [sum(sizes)]
+        ends = np.cumsum(sizes).tolist()  # [n_pieces]
+        jobs = [
+            self._worker.submit(self._build, layout, list(p), buf, e - n, e)
+            for p, n, e in zip(pieces, sizes, ends, strict=True)
+        ]
+        self._ready = ReadyBlob([list(p) for p in pieces], jobs, tuple(versions))
         return True
 
     def _build(
-        self,
-        layout: StateLayout,
-        pieces: list[list[BlockKV]],
-        sizes: list[int],
-        versions: tuple[int, ...],
-    ) -> ReadyBlob:
+        self, layout: StateLayout, piece: list[BlockKV], buf: Future[np.ndarray], lo: int, hi: int
+    ) -> BuiltPiece:
         t0 = time.perf_counter()
-        buf = self.buffer.view(sum(sizes))  # uint8 [sum(sizes)]
-        ends = np.cumsum(sizes)  # [n_pieces]
-        blobs = [
-            build_state(layout, p, RESTORE_SEQ, buf[e - n : e], native=self.native)
-            for p, n, e in zip(pieces, sizes, ends.tolist(), strict=True)
-        ]
-        return ReadyBlob(pieces, blobs, (time.perf_counter() - t0) * 1e3, versions)
+        out = buf.result()[lo:hi]  # uint8 [hi - lo]: the buffer, grown by the job before
+        blob = build_state(layout, piece, RESTORE_SEQ, out, native=self.native)
+        return BuiltPiece(blob, (time.perf_counter() - t0) * 1e3)
 
     def take(self, wanted: Sequence[int]) -> ReadyBlob | None:
-        """The blobs, once built, if they hold exactly the blocks `wanted` (ascending),
-        which uses them up; else None, at once (another restore: they wait for theirs). A
-        build that failed is logged and gone."""
-        job = self._job
-        if job is None or self._ids != tuple(wanted):
+        """The build, if it holds exactly the blocks `wanted` (ascending), which uses it up
+        (its pieces are waited for one by one, `ReadyBlob.piece`); else None, at once
+        (another restore: it waits for its own)."""
+        ready = self._ready
+        if ready is None or ready.block_ids != tuple(wanted):
             return None
-        self._job, self._ids = None, ()
-        t0 = time.perf_counter()
-        try:
-            ready = job.result()
-        except Exception as e:  # the restore builds these blocks itself
-            logger.warning("restore blob built ahead failed: %s", e)
-            return None
-        ready.wait_ms = (time.perf_counter() - t0) * 1e3
+        self._ready = None
         return ready
 
     def drop(self) -> None:
         """Forget the blob (after its build: the buffer is reused)."""
-        job, self._job, self._ids = self._job, None, ()
-        if job is not None:
-            wait([job])
+        ready, self._ready = self._ready, None
+        if ready is not None:
+            wait(ready.jobs)
 
     def close(self) -> None:
         self.drop()
