@@ -1,5 +1,6 @@
-"""ChunkRunner.run_pieces: a prompt chunk decoded in its ubatches, with work between them
-(the query work ahead polls there), is the decode of the whole chunk bit for bit."""
+"""ChunkRunner.run_pieces: a prompt chunk decoded in its ubatches, with work after each
+(the prefill records the piece and the query work ahead polls), is the decode of the
+whole chunk bit for bit."""
 
 from __future__ import annotations
 
@@ -24,17 +25,17 @@ def test_a_chunk_decoded_in_its_ubatches_equals_the_whole_chunk(smollm2_path, ca
         def decode(split: bool) -> tuple[np.ndarray, dict[int, np.ndarray], list[int]]:
             engine.reset()
             runner.run(history, 0, False, False, False)
-            seen: list[int] = []  # tokens in the context's memory at each `between`
-            between = lambda: seen.append(ctx.seq_pos_max() + 1)  # noqa: E731
+            seen: list[tuple[int, int]] = []  # (piece, tokens in the context) at each `after`
+            after = lambda piece: seen.append((len(piece), ctx.seq_pos_max() + 1))  # noqa: E731
             if split:
-                rows = runner.run_pieces(chunk, 300, True, True, between)
+                rows = runner.run_pieces(chunk, 300, True, True, after)
             else:
                 rows = runner.run(chunk, 300, False, True, True)
             return ctx.logits(-1).copy(), rows, seen
 
         whole_logits, whole_rows, _ = decode(split=False)
         logits, rows, seen = decode(split=True)
-        assert seen == [428, 556]  # after the ubatches [300, 428) and [428, 556)
+        assert seen == [(128, 428), (128, 556), (94, 650)]  # the ubatches from the chunk's start
         assert np.array_equal(logits, whole_logits)
         assert sorted(rows) == sorted(whole_rows) and rows
         for layer, want in whole_rows.items():

@@ -68,20 +68,19 @@ class ChunkRunner:
         return got
 
     def run_pieces(
-        self, chunk: list[int], pos: int, last: bool, arm: bool, between: Callable[[], None]
+        self, chunk: list[int], pos: int, last: bool, arm: bool, after: Callable[[list[int]], None]
     ) -> dict[int, np.ndarray]:
         """`run` (a prompt chunk, no logits but the last token's when `last`) in the
-        ubatches llama.cpp splits it into anyway, with `between` after each but the last:
-        each ubatch sees the same cells, so the logits and rows are the same bit for bit."""
+        ubatches llama.cpp splits it into anyway, with `after(piece)` after each: each
+        ubatch sees the same cells, so the logits and rows are the same bit for bit."""
         step = self.grid.ubatch if 0 < self.grid.ubatch < len(chunk) else len(chunk)
         parts: dict[int, list[np.ndarray]] = {}
         for p0 in range(0, len(chunk), step):
-            end = p0 + step >= len(chunk)
-            got = self.run(chunk[p0 : p0 + step], pos + p0, False, last and end, arm)
+            piece = chunk[p0 : p0 + step]
+            got = self.run(piece, pos + p0, False, last and p0 + step >= len(chunk), arm)
             for layer, rows in got.items():
                 parts.setdefault(layer, []).append(rows)
-            if not end:
-                between()
+            after(piece)
         return {layer: np.concatenate(rows) for layer, rows in parts.items()}
 
     def record(self, chunk: Sequence[int], stats: TurnStats) -> None:

@@ -28,10 +28,17 @@ def prefill_chunks(
 ) -> SpanRows:
     """Decode the prompt's `tokens` after the history; returns the rows captured of each
     span of `capture` (layer -> [tokens, dim], the part this prefill decoded). `on_chunk`
-    runs after each chunk is recorded, and `inside_last` between the ubatches of the last
-    chunk (both: the query work ahead, whose scores may land while the last chunk runs)."""
+    runs after each chunk is recorded; the last chunk is decoded and recorded ubatch by
+    ubatch when `inside_last` is given, which runs after each (both: the query work ahead,
+    whose candidates may complete and whose scores may land inside the last chunk)."""
     grid, window = runner.grid, runner.window
     captured: dict[TokenSpan, dict[int, list[np.ndarray]]] = {}
+
+    def recorded(piece: list[int]) -> None:
+        runner.record(piece, stats)
+        if inside_last is not None:
+            inside_last()
+
     c0 = 0
     while c0 < len(tokens):
         t_loop = time.perf_counter()
@@ -48,16 +55,16 @@ def prefill_chunks(
         live = [s for s in capture if pos < s.end and pos + len(chunk) > s.start]
         t_decode, net0 = time.perf_counter(), runner.profile.net_mark()
         last = c0 + len(chunk) == len(tokens)
-        if last and inside_last is not None:
-            got = runner.run_pieces(chunk, pos, last, bool(live), inside_last)
+        if last and inside_last is not None:  # recorded by ubatch, `inside_last` after each
+            got = runner.run_pieces(chunk, pos, last, bool(live), recorded)
         else:
             got = runner.run(chunk, pos, False, last, bool(live))
+            runner.record(chunk, stats)
         decode_ms = (time.perf_counter() - t_decode) * 1e3
         for span in live:
             lo, hi = max(span.start, pos) - pos, min(span.end, pos + len(chunk)) - pos
             for layer, data in got.items():
                 captured.setdefault(span, {}).setdefault(layer, []).append(data[lo:hi])
-        runner.record(chunk, stats)
         if on_chunk is not None:
             on_chunk()
         c0 += len(chunk)
