@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from numpy._core import multiarray
 
-from kvmem.engine.transfer.host_pages import NUMPY_VARIABLE, use_ordinary_pages
+from kvmem.engine.transfer.host_pages import NUMPY_VARIABLE, numpy_multiarray, use_ordinary_pages
+
+multiarray = numpy_multiarray()
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
@@ -32,13 +33,18 @@ def use_ordinary_pages() -> bool:
     NUMPY_MADVISE_HUGEPAGE decides it, or this numpy cannot be told."""
     if os.environ.get(NUMPY_VARIABLE, "") != "":
         return False
-    try:
-        from numpy._core import multiarray
-    except ImportError:  # numpy 1.x
-        from numpy.core import multiarray  # type: ignore[no-redef]
-    setter = getattr(multiarray, "_set_madvise_hugepage", None)
+    setter = getattr(numpy_multiarray(), "_set_madvise_hugepage", None)
     if setter is None:
         return False
     if setter(False):
         logger.debug("numpy's transparent huge page advice is off for host buffers")
     return True
+
+
+def numpy_multiarray() -> ModuleType:
+    """numpy's `multiarray` module, which holds the advice's switch (numpy 2 or 1.x)."""
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # numpy 1.x
+        from numpy.core import multiarray  # type: ignore[no-redef]
+    return multiarray
