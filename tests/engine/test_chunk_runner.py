@@ -25,8 +25,8 @@ def test_a_chunk_decoded_in_its_ubatches_equals_the_whole_chunk(smollm2_path, ca
         def decode(split: bool) -> tuple[np.ndarray, dict[int, np.ndarray], list[int]]:
             engine.reset()
             runner.run(history, 0, False, False, False)
-            seen: list[tuple[int, int]] = []  # (piece, tokens in the context) at each `after`
-            after = lambda piece: seen.append((len(piece), ctx.seq_pos_max() + 1))  # noqa: E731
+            seen: list[tuple[int, bool, int]] = []  # (piece, last, tokens in the context)
+            after = lambda p, end: seen.append((len(p), end, ctx.seq_pos_max() + 1))  # noqa: E731
             if split:
                 rows = runner.run_pieces(chunk, 300, True, True, after)
             else:
@@ -35,7 +35,11 @@ def test_a_chunk_decoded_in_its_ubatches_equals_the_whole_chunk(smollm2_path, ca
 
         whole_logits, whole_rows, _ = decode(split=False)
         logits, rows, seen = decode(split=True)
-        assert seen == [(128, 428), (128, 556), (94, 650)]  # the ubatches from the chunk's start
+        assert seen == [
+            (128, False, 428),
+            (128, False, 556),
+            (94, True, 650),
+        ]  # the ubatches from the chunk's start
         assert np.array_equal(logits, whole_logits)
         assert sorted(rows) == sorted(whole_rows) and rows
         for layer, want in whole_rows.items():

@@ -17,7 +17,10 @@ from .helpers import FILLER, GREEDY, make_engine
 pytestmark = pytest.mark.slow
 
 FACT = "The vault code of the north wing is 4471-KESTREL."
-READS = {QuerySource.MAIN: ([5, 3], [4, 2]), QuerySource.SCORING: ([4, 1], [3, 1])}
+# state reads per turn, harvesting at once and batched; with the scoring source the first
+# turn's scores start inside the prompt's last chunk (recorded ubatch by ubatch), whose
+# completed candidate blocks are read then, and the rest of the chunk at its end
+READS = {QuerySource.MAIN: ([5, 3], [4, 2]), QuerySource.SCORING: ([5, 1], [4, 1])}
 QUESTION = "\nQuestion: what is the vault code of the north wing?\nAnswer: The vault code is"
 
 

@@ -127,6 +127,8 @@ def test_conversations_switch_continue_rename_delete(chat: Chat) -> None:
     page.click(f"#conversations li[data-id='{first_id}'] .rename")
     page.fill("#conversations .title-input", "Ann's chat")
     page.press("#conversations .title-input", "Enter")
+    # the list shows the new title once IndexedDB's transaction is complete
+    page.locator("#conversations .title", has_text="Ann's chat").wait_for()
     chat.open()  # reload: everything comes back from IndexedDB
     titles = page.locator("#conversations .title").all_text_contents()
     assert sorted(titles) == sorted(["Ann's chat", "What is two plus two?"])

@@ -68,23 +68,29 @@ class ChunkRunner:
         return got
 
     def run_pieces(
-        self, chunk: list[int], pos: int, last: bool, arm: bool, after: Callable[[list[int]], None]
+        self,
+        chunk: list[int],
+        pos: int,
+        last: bool,
+        arm: bool,
+        after: Callable[[list[int], bool], None],
     ) -> dict[int, np.ndarray]:
         """`run` (a prompt chunk, no logits but the last token's when `last`) in the
-        ubatches llama.cpp splits it into anyway, with `after(piece)` after each: each
-        ubatch sees the same cells, so the logits and rows are the same bit for bit."""
+        ubatches llama.cpp splits it into anyway, with `after(piece, last_piece)` after
+        each: each ubatch sees the same cells, so the logits and rows are the same bit for
+        bit."""
         step = self.grid.ubatch if 0 < self.grid.ubatch < len(chunk) else len(chunk)
         parts: dict[int, list[np.ndarray]] = {}
         for p0 in range(0, len(chunk), step):
-            piece = chunk[p0 : p0 + step]
-            got = self.run(piece, pos + p0, False, last and p0 + step >= len(chunk), arm)
+            piece, end = chunk[p0 : p0 + step], p0 + step >= len(chunk)
+            got = self.run(piece, pos + p0, False, last and end, arm)
             for layer, rows in got.items():
                 parts.setdefault(layer, []).append(rows)
-            after(piece)
+            after(piece, end)
         return {layer: np.concatenate(rows) for layer, rows in parts.items()}
 
-    def record(self, chunk: Sequence[int], stats: TurnStats) -> None:
-        stats.add(self.window.append(chunk))
+    def record(self, chunk: Sequence[int], stats: TurnStats, *, harvest: bool = True) -> None:
+        stats.add(self.window.append(chunk, harvest=harvest))
         self.recurrent.after_decode(self.table.n_tokens)
 
 

@@ -34,8 +34,8 @@ def prefill_chunks(
     grid, window = runner.grid, runner.window
     captured: dict[TokenSpan, dict[int, list[np.ndarray]]] = {}
 
-    def recorded(piece: list[int]) -> None:
-        runner.record(piece, stats)
+    def recorded(piece: list[int], end: bool) -> None:
+        runner.record(piece, stats, harvest=end)  # harvests as the chunk recorded whole
         if inside_last is not None:
             inside_last()
 

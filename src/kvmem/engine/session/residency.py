@@ -102,16 +102,18 @@ class WindowResidency:
         return planner_config(self.config, method)
 
     # residency writes ------------------------------------------------------------------
-    def append(self, tokens: Sequence[int]) -> Moves:
+    def append(self, tokens: Sequence[int], *, harvest: bool = True) -> Moves:
         """Tokens were decoded at the end of the history: record them; harvest the blocks
-        waiting once they reach `--kvmem-harvest-tokens`."""
+        waiting once they reach `--kvmem-harvest-tokens` (`harvest=False`: not yet, a piece
+        of a chunk whose last piece decides, as if the chunk were recorded whole)."""
         done = self.table.append(tokens)
         self.table.mark_on_gpu(done)
         moves = Moves()
         if self.config.enabled and done:
             self.waiting += done
-            if len(self.waiting) * self.table.block_tokens >= self.config.harvest_tokens:
-                moves = self.harvest()
+        enough = len(self.waiting) * self.table.block_tokens >= self.config.harvest_tokens
+        if harvest and self.waiting and enough:
+            moves = self.harvest()
         self.note_peak()
         return moves
 
