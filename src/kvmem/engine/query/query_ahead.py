@@ -101,7 +101,8 @@ class QueryAhead:
     def scores(self) -> BlockScores | None:
         """The scores computed ahead (None: not started, or no query), with the time the
         turn waited for them; scores that came after the last poll are `prepare`d now, so
-        their restore is built while the plan harvests and evicts."""
+        their restore is built while the plan harvests and evicts (the wait counts the
+        build's start: on the turn's path too)."""
         if self._scores is None:
             return None
         t0 = time.perf_counter()

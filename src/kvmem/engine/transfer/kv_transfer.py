@@ -3,8 +3,8 @@
 Policy (which blocks move) lives in kvmem.memory.planner and the window; this module
 only performs the moves, batching every call: one state read for all the blocks
 harvested together (in pieces whose blob fits the staging buffer), a few state writes for
-the blocks restored together (those pieces, each cut in up to `RESTORE_PIECES`). It never writes residency: the window (the one
-owner of where blocks are) records what it did.
+the blocks restored together (those pieces, each cut in up to `RESTORE_PIECES`). It never
+writes residency: the window (the one owner of where blocks are) records what it did.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class BuiltPiece:
 
 @dataclass(slots=True)
 class ReadyBlob:
-    """Restore blobs built ahead, one per piece of the restore (`KVTransfer._fitting`),
+    """Restore blobs built ahead, one per piece of the restore (`KVTransfer._restore_ranges`),
     each on its own job: the restore sends a piece as soon as it is built, while the
     builder goes on with the next."""
 
