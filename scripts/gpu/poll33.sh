@@ -8,7 +8,6 @@ LOG=${LOG:-/tmp/grid.log}
 t0=$(date +%s)
 failed() { grep -E "rc=[1-9]" "$LOG" 2>/dev/null; }
 while [ ! -f "$RES/ALL_DONE" ] && [ $(($(date +%s) - t0)) -lt "$MAX" ]; do
-  if failed >/dev/null; then break; fi
   sleep 5
 done
 uptime
