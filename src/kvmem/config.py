@@ -31,6 +31,13 @@ def _n(default: int, name: str, help_text: str, shown: str | None = None) -> int
     return setting(default, name, help=help_text, parse=int32, metavar="N", shown=shown, **_KVMEM)
 
 
+class LexicalMode(Enum):
+    """Whether lexical scores (memory/lexical.py) join the retrieval ranking."""
+
+    OFF = "off"
+    FUSE = "fuse"  # reciprocal rank fusion of the attention ranking and BM25 over n-grams
+
+
 class QueryReplay(Enum):
     """Whether the query is processed again after reselection changed the window."""
 
@@ -213,6 +220,12 @@ class KVMemConfig:
         "every stored key: the fidelity oracle, CPU-heavy) or rerank (the summaries' best "
         "2x budget blocks reordered by their exact mass, normalized with the pinned tiers)",
         **_KVMEM,
+    )  # fmt: skip
+    lexical: LexicalMode = setting(
+        LexicalMode.OFF, "--kvmem-lexical",
+        help="off, or fuse: the retrieval ranking fused (reciprocal rank) with BM25 over the "
+        "token bigrams and trigrams of the query, which finds the blocks holding the exact "
+        "ids, names and numbers it names", **_KVMEM,
     )  # fmt: skip
     score_layers: tuple[int, ...] = setting(  # empty: layers spread over the depth
         (), "--kvmem-score-layers", help="attention layers used for scoring",

@@ -66,6 +66,7 @@ class QueryVectors:
     positions: np.ndarray  # int [n_tokens]
     # layer -> float32 [n_tokens, n_head, head_dim]
     by_layer: dict[int, np.ndarray] = field(default_factory=dict)
+    tokens: np.ndarray | None = None  # int64 [n_tokens]: their token ids (lexical scores)
 
 
 def score_blocks(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -89,7 +90,12 @@ class QueryCache:
             got = got if got is not None else self._vectors.get(query_key(span, prompt))
             if got is not None:
                 parts.append(got)
-        return join_queries(parts)
+        query = join_queries(parts)
+        if query is None:
+            return None
+        pos = np.asarray(query.positions, dtype=np.int64)  # [n_tokens]
+        ids = np.fromiter((prompt[p] for p in pos), dtype=np.int64, count=pos.shape[0])
+        return replace(query, tokens=ids)  # [n_tokens]
 
     def clear(self) -> None:
         self._vectors.clear()

@@ -8,10 +8,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kvmem.config import KVMemConfig, QueryReplay
+import numpy as np
+
+from kvmem.config import KVMemConfig, LexicalMode, QueryReplay
 from kvmem.memory.exact_scorer import RERANK_FACTOR, RankMode, exact_block_scores, rerank_scores
 from kvmem.memory.host_store import BlockStore
 from kvmem.memory.layout import tail_run_start
+from kvmem.memory.lexical import bm25_scores, fuse_ranks
 from kvmem.memory.planner import Tier, WindowPlan
 from kvmem.memory.retrieval_index import RetrievalIndex
 from kvmem.memory.scorer import QueryVectors, score_blocks
@@ -52,11 +55,12 @@ def score_candidates(
     index: RetrievalIndex,
     store: BlockStore,
     config: KVMemConfig,
-    n_complete: int,
+    history: np.ndarray,
     ranked: Sequence[int],
     query: QueryVectors,
 ) -> BlockScores:
-    """The candidates' scores for `query` (reads the index and the store only)."""
+    """The candidates' scores for `query` (reads the index, the store and the complete
+    blocks of `history`, int64 [n_tokens], only)."""
     c = config
     t_index = time.perf_counter()
     index.score_table(ranked)  # summaries still being computed: waited for here
@@ -75,8 +79,12 @@ def score_candidates(
         )
     if c.rank is RankMode.RERANK:  # the shortlist reordered by its exact mass
         shortlist = RERANK_FACTOR * (c.budget // c.block_tokens)
+        n_complete = history.shape[0] // c.block_tokens
         pinned = sorted(set(range(n_complete)) - set(ranked))
         values = rerank_scores(store, index.geometry, ranked, values, query, shortlist, pinned)
+    if c.lexical is LexicalMode.FUSE and query.tokens is not None:
+        lexical = bm25_scores(history, c.block_tokens, ranked, query.tokens, query.positions)
+        values = fuse_ranks(values, lexical, np.asarray(ranked, dtype=np.int64))
     t_end = time.perf_counter()
     return BlockScores(
         ranked=tuple(ranked),

@@ -143,8 +143,8 @@ class GpuWindow(WindowResidency):
         another thread while the prefill goes on, in the default rank mode: it waits only
         for the candidates' summaries and reads nothing the prefill writes."""
         assert self.index is not None
-        store, done = self.transfer.store, self.table.n_complete_blocks
-        return score_candidates(self.index, store, self.config, done, ranked, query)
+        store, history = self.transfer.store, self.table.token_array()
+        return score_candidates(self.index, store, self.config, history, ranked, query)
 
     def plan(
         self,

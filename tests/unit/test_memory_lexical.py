@@ -1,0 +1,135 @@
+"""BM25 over token n-grams and the rank fusion (memory/lexical.py), against plain loops."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvmem.memory.lexical import (
+    BM25_K1,
+    NGRAMS,
+    RRF_K,
+    bm25_scores,
+    fuse_ranks,
+    query_terms,
+)
+
+
+def _plain_bm25(history, bt, candidates, q_tokens, q_positions):
+    """BM25 as a textbook loop: a block's terms are the n-grams ending on its tokens."""
+
+    def block_terms(b):
+        out = []
+        for n in NGRAMS:
+            for end in range(b * bt, (b + 1) * bt):
+                if end - n + 1 >= 0:
+                    out.append((n, tuple(history[end - n + 1 : end + 1])))
+        return out
+
+    query = set()
+    for n in NGRAMS:
+        for i in range(len(q_tokens) - n + 1):
+            if all(q_positions[i + j + 1] == q_positions[i + j] + 1 for j in range(n - 1)):
+                query.add((n, tuple(q_tokens[i : i + n])))
+    docs = {b: block_terms(b) for b in candidates}
+    scores = []
+    for b in candidates:
+        total = 0.0
+        for term in query:
+            tf = docs[b].count(term)
+            if not tf:
+                continue
+            df = sum(1 for c in candidates if term in docs[c])
+            idf = math.log(1 + (len(candidates) - df + 0.5) / (df + 0.5))
+            total += idf * tf * (BM25_K1 + 1) / (tf + BM25_K1)
+        scores.append(total)
+    return scores
+
+
+def test_the_block_holding_the_queried_id_ranks_first():
+    bt = 8
+    rng = np.random.default_rng(0)
+    history = rng.integers(0, 50, size=bt * 6, dtype=np.int64)  # [48]
+    order_id = np.array([901, 902, 903, 904], dtype=np.int64)  # its digits: rare together
+    history[3 * bt + 2 : 3 * bt + 6] = order_id
+    query = np.concatenate([[7, 8], order_id]).astype(np.int64)  # [6]
+    positions = np.arange(100, 106, dtype=np.int64)  # [6]
+    scores = bm25_scores(history, bt, [0, 1, 2, 3, 4], query, positions)
+    assert int(np.argmax(scores)) == 3
+    assert scores[4] == 0.0 or scores[4] < scores[3]
+    plain = _plain_bm25(history.tolist(), bt, [0, 1, 2, 3, 4], query.tolist(), positions.tolist())
+    np.testing.assert_allclose(scores, plain, rtol=1e-12)
+
+
+def test_an_ngram_across_a_block_edge_counts_for_the_block_it_ends_in():
+    bt = 4
+    history = np.array([0, 0, 0, 5, 6, 0, 0, 0], dtype=np.int64)  # [8]; 5|6 spans blocks 0, 1
+    scores = bm25_scores(history, bt, [0, 1], np.array([5, 6]), np.array([9, 10]))
+    assert scores[0] == 0.0 and scores[1] > 0.0
+
+
+def test_query_ngrams_do_not_cross_a_gap_between_spans():
+    tokens = np.array([1, 2, 3, 4], dtype=np.int64)  # [4]
+    joined = query_terms(tokens, np.array([10, 11, 20, 21]), 2)  # [n_terms]
+    assert joined.shape == (2,)  # (1, 2) and (3, 4); not (2, 3)
+    assert query_terms(tokens, np.array([10, 11, 12, 13]), 3).shape == (2,)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=8).flatmap(
+        lambda n_blocks: st.tuples(
+            st.just(n_blocks),
+            st.lists(st.integers(0, 6), min_size=4 * n_blocks, max_size=4 * n_blocks),
+            st.lists(st.integers(0, 6), min_size=0, max_size=9),
+            st.sets(st.integers(0, n_blocks - 1), min_size=1),
+        )
+    ),
+    st.booleans(),
+)
+def test_bm25_equals_the_plain_loop(case, gap):
+    n_blocks, history, query, candidates = case
+    positions = list(range(50, 50 + len(query)))
+    if gap and len(query) > 2:
+        positions = positions[:2] + [p + 7 for p in positions[2:]]
+    cand = sorted(candidates)
+    got = bm25_scores(np.array(history), 4, cand, np.array(query), np.array(positions))
+    want = _plain_bm25(history, 4, cand, query, positions)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def _plain_fuse(dense, lexical, ids):
+    def ranks(values):
+        order = sorted(range(len(ids)), key=lambda i: (-values[i], -ids[i]))
+        return {i: r + 1 for r, i in enumerate(order)}
+
+    rd, rl = ranks(dense), ranks(lexical)
+    return [
+        1 / (RRF_K + rd[i]) + (1 / (RRF_K + rl[i]) if lexical[i] > 0 else 0.0)
+        for i in range(len(ids))
+    ]
+
+
+def test_fusion_lifts_a_lexical_match_above_dense_only_blocks():
+    ids = np.array([0, 1, 2, 3], dtype=np.int64)  # [4]
+    dense = np.array([0.4, 0.3, 0.2, 0.1])  # [4]
+    lexical = np.array([0.0, 0.0, 0.0, 5.0])  # [4]: only block 3 names the id
+    fused = fuse_ranks(dense, lexical, ids)
+    assert [int(i) for i in np.argsort(-fused)] == [3, 0, 1, 2]
+    np.testing.assert_allclose(fused, _plain_fuse(dense, lexical, ids), rtol=1e-15)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=12, unique=False)
+)
+def test_fusion_equals_the_plain_ranks(pairs):
+    ids = np.arange(len(pairs), dtype=np.int64)  # [n]
+    dense = np.array([float(d) for d, _ in pairs])  # [n]
+    lexical = np.array([float(x) for _, x in pairs])  # [n]
+    np.testing.assert_allclose(
+        fuse_ranks(dense, lexical, ids), _plain_fuse(dense, lexical, ids), rtol=1e-15
+    )
