@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 33 item 3 on one GPU: the BRIEF §5 grid for three retrieval variants, in one run of
-# the same code on the same machine (session 11, docs/benchmarks.md "H200, session 11").
+# the same code on the same machine (planned in session 11, run in session 15 on an H100:
+# docs/benchmarks.md "GPU, session 15").
 #
 #   MODEL=/tmp/qwen.gguf bash scripts/gpu/grid33.sh RES_DIR
 #
