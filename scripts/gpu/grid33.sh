@@ -42,8 +42,11 @@ declare -A FLAGS=(
   [default]=""
   [s3584]="--kvmem-stream-tokens $S"
   [b64-s3584]="--kvmem-block-tokens 64 --kvmem-stream-tokens $S"
+  [fuse]="--kvmem-lexical fuse"
+  [b64-s3584-fuse]="--kvmem-block-tokens 64 --kvmem-stream-tokens $S --kvmem-lexical fuse"
 )
-VARIANTS=(default s3584 b64-s3584)
+# VARIANTS (space-separated names of FLAGS; the first writes the fidelity reference)
+read -r -a VARIANTS <<<"${VARIANTS:-default s3584 b64-s3584}"
 
 is_done() {
   "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d.get("complete", True) else 1)' \
@@ -68,9 +71,11 @@ step() { # NAME JSON ARGS...: one kvmem-bench command into RES/NAME
 fidelity_chain() {
   local fid="fidelity $ENGINE --target-tokens $FID_TOKENS --reference-cache $REF"
   mkdir -p "$REF"
-  step fidelity-default fidelity.json $fid --methods retrieval,recency
-  step fidelity-s3584 fidelity.json $fid --methods retrieval ${FLAGS[s3584]} &
-  step fidelity-b64-s3584 fidelity.json $fid --methods retrieval ${FLAGS[b64-s3584]} &
+  local first=${VARIANTS[0]} v
+  step "fidelity-$first" fidelity.json $fid --methods retrieval,recency ${FLAGS[$first]}
+  for v in "${VARIANTS[@]:1}"; do
+    step "fidelity-$v" fidelity.json $fid --methods retrieval ${FLAGS[$v]} &
+  done
   wait
 }
 

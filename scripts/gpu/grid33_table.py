@@ -1,9 +1,9 @@
 """The table of scripts/gpu/grid33.sh's run: needle cells, agent memory and fidelity.
 
-    python3 scripts/gpu/grid33_table.py RES_DIR
+    python3 scripts/gpu/grid33_table.py RES_DIR [VARIANT,...]   (default: default,s3584,b64-s3584)
 
 Prints markdown: correct of 20 per (layout, length) for full, recency, compact-rag and the
-three retrieval variants, with the cells where a variant falls short of the acceptance line
+retrieval variants (grid33.sh's VARIANTS; the first also ran recency's fidelity), with the cells where a variant falls short of the acceptance line
 (>= full in document and tools, >= full - 1 in agent) marked; agent memory correct of 21;
 fidelity mean KL / top-1 over all turns and over the turns past the budget.
 """
@@ -77,7 +77,7 @@ def fidelity_table(res: Path) -> list[str]:
     rows.append("| --- | ---: | ---: | ---: | ---: | ---: |")
     for v in VARIANTS:
         doc = load(res, f"fidelity-{v}", "fidelity.json")
-        methods = ("retrieval", "recency") if v == "default" else ("retrieval",)
+        methods = ("retrieval", "recency") if v == VARIANTS[0] else ("retrieval",)
         for method in methods:
             if doc is None:
                 rows.append(f"| {v} {method} | — | — | — | — | — |")
@@ -94,7 +94,10 @@ def fidelity_table(res: Path) -> list[str]:
 
 
 def main() -> int:
+    global VARIANTS
     res = Path(sys.argv[1])
+    if len(sys.argv) > 2:
+        VARIANTS = tuple(sys.argv[2].split(","))
     for table in (needle_table(res), agent_table(res), fidelity_table(res)):
         print("\n".join(table) + "\n")
     return 0

@@ -12,7 +12,7 @@ while [ ! -f "$RES/ALL_DONE" ] && [ $(($(date +%s) - t0)) -lt "$MAX" ]; do
 done
 uptime
 nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader
-echo "finished: $(grep -c 'rc=0' "$LOG") of 47 steps"
+echo "finished: $(grep -c 'rc=0' "$LOG") of $(grep -c '] start:' "$LOG") started steps"
 grep -E "rc=|grid:" "$LOG"
 for f in $(failed | sed 's/^\[\(.*\)\] .*/\1/'); do echo "== $f"; tail -15 "$RES/$f/progress.log"; done
 for d in "$RES"/*/; do
