@@ -306,7 +306,7 @@ class KVTransfer:
         `_fitting` gives one: no staging buffer, a hybrid), so that a restore sends a piece
         built ahead while the builder builds the next."""
         ranges = self._fitting(cells)
-        if self.staging is None or self.hybrid is not None:
+        if self._whole:
             return ranges
         out: list[range] = []
         for r in ranges:
@@ -314,13 +314,18 @@ class KVTransfer:
             out += [range(i, min(i + step, r.stop)) for i in range(r.start, r.stop, step)]
         return out
 
+    @property
+    def _whole(self) -> bool:
+        """A restore goes in one blob: no staging buffer to fit, or a hybrid's."""
+        return self.staging is None or self.hybrid is not None
+
     def _fitting(self, cells: Sequence[int]) -> list[range]:
         """Consecutive index ranges of blocks (of `cells` cells each) whose blob fits the
         staging buffer: one range without a staging buffer, for a hybrid, and before the
         first harvest (the layout is not known)."""
         if not cells:
             return []
-        if self.staging is None or self.hybrid is not None or self.layout is None:
+        if self._whole or self.layout is None:
             return [range(len(cells))]
         limit, layout = self.staging.limit_bytes, self.layout
         out: list[range] = []
