@@ -23,8 +23,6 @@ import numpy as np
 NGRAMS = (2, 3)  # the n-gram lengths scored (unigrams would match nearly every block)
 BM25_K1 = 1.2  # term-frequency saturation; every block has the same length, so b is moot
 RRF_K = 60  # the reciprocal-rank constant (Cormack et al.; the usual choice)
-LEXICAL_WEIGHT = 1.0  # the BM25 rank's term against the attention rank's
-LEXICAL_TOP = 0  # only the best this many BM25 matches get its term (0: every match)
 _TOKEN_BITS = 21  # token ids are folded to 21 bits: three fit one int64 key
 _TOKEN_MASK = (1 << _TOKEN_BITS) - 1
 
@@ -126,6 +124,4 @@ def fuse_ranks(dense: np.ndarray, lexical: np.ndarray, ids: np.ndarray) -> np.nd
     fused = 1.0 / (RRF_K + rank_positions(d, block))  # [n]
     lex_rank = rank_positions(lex, block)  # [n]
     matched = lex > 0  # [n]
-    if LEXICAL_TOP:
-        matched &= lex_rank <= LEXICAL_TOP
-    return fused + np.where(matched, LEXICAL_WEIGHT / (RRF_K + lex_rank), 0.0)
+    return fused + np.where(matched, 1.0 / (RRF_K + lex_rank), 0.0)
