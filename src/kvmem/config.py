@@ -222,7 +222,7 @@ class KVMemConfig:
         **_KVMEM,
     )  # fmt: skip
     lexical: LexicalMode = setting(
-        LexicalMode.OFF, "--kvmem-lexical",
+        LexicalMode.FUSE, "--kvmem-lexical",
         help="off, or fuse: the retrieval ranking fused (reciprocal rank) with BM25 over the "
         "token bigrams and trigrams of the query, which finds the blocks holding the exact "
         "ids, names and numbers it names", **_KVMEM,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvmem.config import KVMemConfig
+from kvmem.config import KVMemConfig, LexicalMode
 from kvmem.memory.exact_scorer import RankMode, exact_block_scores
 from kvmem.memory.planner import Tier
 from kvmem.memory.spans import TokenSpan
@@ -19,7 +19,7 @@ BT = 128
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path):
-    config = KVMemConfig(budget=1024, gen_reserve=256, rank=RankMode.EXACT)
+    config = KVMemConfig(budget=1024, gen_reserve=256, rank=RankMode.EXACT, lexical=LexicalMode.OFF)
     made = make_engine(smollm2_path, n_ctx=8192, kvmem=config)
     yield made
     made.close()

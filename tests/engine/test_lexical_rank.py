@@ -1,4 +1,4 @@
-"""`--kvmem-lexical fuse` on SmolLM2: the block holding the id the query names is retrieved,
+"""`--kvmem-lexical fuse` (the default) on SmolLM2: the block holding the id the query names is retrieved,
 the retrieved tier is the top of the fused ranking, and answers stay history-independent."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ NEEDLE_BLOCK = 5
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path):
-    config = KVMemConfig(budget=1024, gen_reserve=256, lexical=LexicalMode.FUSE)
+    config = KVMemConfig(budget=1024, gen_reserve=256)  # the default: lexical fusion
     made = make_engine(smollm2_path, n_ctx=8192, kvmem=config)
     yield made
     made.close()
@@ -44,6 +44,7 @@ def test_the_block_naming_the_queried_id_is_retrieved_and_cold_equals_warm(engin
     engine.reset()
     cold = list(engine.generate(prompt, query=span, sampling=GREEDY, max_tokens=6, ignore_eos=True))
     session = engine.session
+    assert session.config.lexical is LexicalMode.FUSE
     plan, query = session.last_plan, session.last_query
     retrieved = plan.tier(Tier.RETRIEVED)
     assert query.tokens.tolist() == prompt[span.start : span.end]
