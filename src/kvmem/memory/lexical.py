@@ -29,14 +29,9 @@ _TOKEN_MASK = (1 << _TOKEN_BITS) - 1
 
 def ngram_keys(tokens: np.ndarray, n: int) -> np.ndarray:
     """int64 [len(tokens) - n + 1]: one key per n-gram of `tokens` (int64 [len])."""
-    t = np.asarray(tokens, dtype=np.int64) & _TOKEN_MASK  # [len]
-    m = t.shape[0] - n + 1
-    if m <= 0:
-        return np.zeros(0, dtype=np.int64)
-    key = t[:m].copy()  # [m]
-    for i in range(1, n):
-        key = (key << _TOKEN_BITS) | t[i : i + m]
-    return key
+    t = np.asarray(tokens, dtype=np.int64)  # [len]
+    m = max(0, t.shape[0] - n + 1)
+    return ngram_keys_at(t, np.arange(m, dtype=np.int64), n)  # [m]
 
 
 def query_terms(tokens: np.ndarray, positions: np.ndarray, n: int) -> np.ndarray:
