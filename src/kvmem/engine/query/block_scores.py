@@ -11,7 +11,9 @@ class BlockScores:
     """The scores of one plan's candidates for one query."""
 
     ranked: tuple[int, ...]  # the candidates, as `candidates` ranks them
-    values: dict[int, float]  # block id -> estimated attention mass
+    # block id -> what ranks it: the estimated attention mass, or (`--kvmem-lexical fuse`)
+    # its reciprocal-rank fusion with the BM25 rank
+    values: dict[int, float]
     score_ms: float  # the scoring itself
     index_ms: float  # waiting for the block summaries still being computed
     wait_ms: float  # what the turn waited for them: all of it, or the wait for the result
