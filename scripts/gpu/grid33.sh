@@ -41,11 +41,13 @@ FID_TOKENS=${FID_TOKENS:-28672}
 declare -A FLAGS=(
   [default]=""
   [s3584]="--kvmem-stream-tokens $S"
+  [b64]="--kvmem-block-tokens 64"
   [b64-s3584]="--kvmem-block-tokens 64 --kvmem-stream-tokens $S"
   [fuse]="--kvmem-lexical fuse"
   [b64-s3584-fuse]="--kvmem-block-tokens 64 --kvmem-stream-tokens $S --kvmem-lexical fuse"
 )
-# VARIANTS (space-separated names of FLAGS; the first writes the fidelity reference)
+# VARIANTS (space-separated names of FLAGS; the first writes the fidelity reference). Since
+# lexical fusion became the default (session 16), default = fuse and b64-s3584 = b64-s3584-fuse.
 read -r -a VARIANTS <<<"${VARIANTS:-default s3584 b64-s3584}"
 
 is_done() {
