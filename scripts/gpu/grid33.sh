@@ -20,7 +20,8 @@
 #   agent-FINAL-base / -VARIANT      agent memory (3 episodes of 28,672), FINAL user | tool
 # Resumable: a step whose JSON is complete is skipped. JOBS needle/agent steps run at a time
 # (default 7, -t THREADS each, default 2) beside the fidelity chain (1, then 2 processes).
-# ONLY (an extended regex) runs the steps whose names match. CPU smoke run (SmolLM2, 1K
+# ONLY (an extended regex) runs the steps whose names match; FID_RECENCY= (empty) leaves
+# recency out of the first fidelity step (its figures do not depend on the variants). CPU smoke run (SmolLM2, 1K
 # cases; the figures mean nothing): MODEL=<SmolLM2 gguf> NGL=0 CTX=4096 BUDGET=512
 # RESERVE=128 STREAM=384 LENGTHS=1024 KINDS=passkey SEEDS=1 DEPTHS=1 EPISODES=1
 # AGENT_TOKENS=1024 FID_TOKENS=1536 JOBS=1 THREADS=1 ONLY='agent-1024|fidelity'.
@@ -74,7 +75,7 @@ fidelity_chain() {
   local fid="fidelity $ENGINE --target-tokens $FID_TOKENS --reference-cache $REF"
   mkdir -p "$REF"
   local first=${VARIANTS[0]} v
-  step "fidelity-$first" fidelity.json $fid --methods retrieval,recency ${FLAGS[$first]}
+  step "fidelity-$first" fidelity.json $fid --methods "retrieval${FID_RECENCY-,recency}" ${FLAGS[$first]}
   for v in "${VARIANTS[@]:1}"; do
     step "fidelity-$v" fidelity.json $fid --methods retrieval ${FLAGS[$v]} &
   done

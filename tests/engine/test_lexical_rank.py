@@ -47,11 +47,13 @@ def test_the_block_naming_the_queried_id_is_retrieved_and_cold_equals_warm(engin
     assert session.config.lexical is LexicalMode.FUSE
     plan, query = session.last_plan, session.last_query
     retrieved = plan.tier(Tier.RETRIEVED)
-    assert query.tokens.tolist() == prompt[span.start : span.end]
+    assert query.lexical.tokens.tolist() == prompt[span.start : span.end]
+    assert query.lexical.positions.tolist() == list(range(span.start, span.end))
     pinned = {b for t, blocks in plan.tiers.items() if t is not Tier.RETRIEVED for b in blocks}
     middle = [b for b in range(len(prompt) // BT) if b not in pinned]
     history = np.asarray(prompt, dtype=np.int64)  # [n_prompt]
-    lexical = bm25_scores(history, BT, middle, query.tokens, query.positions)
+    lex = query.lexical
+    lexical = bm25_scores(history, BT, middle, lex.tokens, lex.positions)
     assert middle[int(np.argmax(lexical))] == NEEDLE_BLOCK
     c = session.config
     dense = score_blocks(

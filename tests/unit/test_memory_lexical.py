@@ -10,12 +10,16 @@ from hypothesis import strategies as st
 
 from kvmem.memory.lexical import (
     BM25_K1,
+    MAX_DF_FLOOR,
+    MAX_DF_SHARE,
     NGRAMS,
     RRF_K,
+    LexicalQuery,
     bm25_scores,
     fuse_ranks,
     query_terms,
 )
+from kvmem.memory.spans import TokenSpan
 
 
 def _plain_bm25(history, bt, candidates, q_tokens, q_positions):
@@ -43,6 +47,8 @@ def _plain_bm25(history, bt, candidates, q_tokens, q_positions):
             if not tf:
                 continue
             df = sum(1 for c in candidates if term in docs[c])
+            if df > max(MAX_DF_FLOOR, MAX_DF_SHARE * len(candidates)):
+                continue  # a stop phrase or the template's markup
             idf = math.log(1 + (len(candidates) - df + 0.5) / (df + 0.5))
             total += idf * tf * (BM25_K1 + 1) / (tf + BM25_K1)
         scores.append(total)
@@ -62,6 +68,26 @@ def test_the_block_holding_the_queried_id_ranks_first():
     assert scores[4] == 0.0 or scores[4] < scores[3]
     plain = _plain_bm25(history.tolist(), bt, [0, 1, 2, 3, 4], query.tolist(), positions.tolist())
     np.testing.assert_allclose(scores, plain, rtol=1e-12)
+
+
+def test_a_phrase_most_blocks_hold_scores_nothing():
+    bt, n_blocks = 4, 12
+    history = np.zeros(bt * n_blocks, dtype=np.int64)  # [48]
+    history[0::bt], history[1::bt] = 7, 8  # the phrase (7, 8) opens every block
+    history[5 * bt + 2 : 5 * bt + 4] = [30, 31]  # one block also holds (30, 31)
+    query = np.array([7, 8, 0, 30, 31], dtype=np.int64)  # [5]
+    scores = bm25_scores(history, bt, list(range(n_blocks)), query, np.arange(5) + 60)
+    assert [b for b in range(n_blocks) if scores[b] > 0] == [5]
+    stop = bm25_scores(history, bt, list(range(n_blocks)), query[:2], np.arange(2) + 60)
+    assert not stop.any()  # a query of stop phrases alone ranks nothing lexically
+
+
+def test_lexical_query_joins_spans_once_in_prompt_order():
+    prompt = list(range(100, 120))
+    q = LexicalQuery.of(prompt, (TokenSpan(15, 18), TokenSpan(2, 4), TokenSpan(16, 25)))
+    assert q.positions.tolist() == [2, 3, 15, 16, 17, 18, 19]  # clipped at the prompt's end
+    assert q.tokens.tolist() == [102, 103, 115, 116, 117, 118, 119]
+    assert LexicalQuery.of(prompt, ()).tokens.shape == (0,)
 
 
 def test_an_ngram_across_a_block_edge_counts_for_the_block_it_ends_in():

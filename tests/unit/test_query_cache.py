@@ -20,9 +20,12 @@ def test_keeps_captured_spans_and_serves_them_to_a_later_prompt() -> None:
     assert cache.missing((a, b), prompt) == [a, b]
     assert cache.keep((a, b), {a: _rows(a, 1.0)}, prompt) == [b]
     assert query_key(a, prompt) in cache
-    joined = cache.joined((a, b), {b: _rows(b, 2.0)}, prompt)
+    joined = cache.joined((a, b), {b: _rows(b, 2.0)}, prompt, (TokenSpan(5, 7), a))
     assert joined is not None
     assert joined.positions.tolist() == [0, 1, 4, 5, 6]
+    assert joined.lexical is not None  # the lexical spans' tokens, in the prompt's order
+    assert joined.lexical.positions.tolist() == [0, 1, 5, 6]
+    assert joined.lexical.tokens.tolist() == [5, 6, 10, 11]
     assert sorted(joined.by_layer) == [0, 3]
     assert joined.by_layer[0][:, 0].tolist() == [1.0, 1.0, 2.0, 2.0, 2.0]
     other = [5, 6, 99, 8, 9, 10, 11]  # the same span, the same tokens: the same key
@@ -41,7 +44,7 @@ def test_a_partly_captured_span_is_not_kept_and_the_oldest_goes_first() -> None:
     assert cache.missing(spans, prompt) == [spans[0]]
     cache.clear()
     assert cache.missing(spans, prompt) == spans
-    assert cache.joined(spans, {}, prompt) is None
+    assert cache.joined(spans, {}, prompt, spans) is None
 
 
 def test_null_recurrent_hook_cuts_where_asked() -> None:

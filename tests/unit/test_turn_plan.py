@@ -54,6 +54,17 @@ def test_main_source_agent_policy_wants_the_task_and_the_trajectory_tail() -> No
     assert (plan.common, plan.reused, plan.tail, plan.end) == (200, 200, None, 500)
 
 
+def test_the_lexical_query_is_the_task_and_the_last_message_not_the_trajectory() -> None:
+    given = PromptSpans(SPANS.control, SPANS.query, SPANS.trajectory, live=TokenSpan(470, 500))
+    plan = plan_turn(_inputs(given=given), _ranks(True), _no_lack)
+    assert plan.wanted == (TokenSpan(316, 380), TokenSpan(436, 500))
+    assert plan.lexical == (TokenSpan(316, 380), TokenSpan(470, 500))
+    user_last = PromptSpans(SPANS.control, TokenSpan(300, 500), live=TokenSpan(300, 500))
+    assert plan_turn(_inputs(given=user_last), _ranks(True), _no_lack).lexical == (
+        TokenSpan(436, 500),  # the task is the last message: one span
+    )
+
+
 def test_the_cut_is_below_the_last_token_and_at_the_frontier() -> None:
     whole = plan_turn(_inputs(common=500), _ranks(False), _no_lack)
     assert (whole.common, whole.reused) == (499, 499)
@@ -72,6 +83,7 @@ def test_tail_policy_and_a_prompt_without_a_task_score_the_prompts_tail() -> Non
     bare = plan_turn(_inputs(given=PromptSpans()), _ranks(True), _no_lack)
     assert bare.spans == PromptSpans(None, tail, None, tail)
     assert bare.wanted == (tail,)
+    assert (plan.lexical, bare.lexical) == ((tail,), (tail,))
 
 
 def test_main_source_restarts_where_a_wanted_spans_rows_are_missing() -> None:
@@ -116,7 +128,7 @@ def test_no_deferred_tail_within_budget_on_a_hybrid_with_images_or_replay_off() 
 
 def test_no_source_wants_nothing() -> None:
     plan = plan_turn(_inputs(source=SourceKind.NONE, common=100), _ranks(True), _no_lack)
-    assert (plan.wanted, plan.reused, plan.tail) == ((), 100, None)
+    assert (plan.wanted, plan.lexical, plan.reused, plan.tail) == ((), (), 100, None)
 
 
 def test_chunk_grid_is_block_aligned_and_leaves_room_for_the_window() -> None:

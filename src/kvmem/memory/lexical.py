@@ -7,6 +7,13 @@ tokens of such strings (single digits, sub-words) are common one by one, and a s
 dilutes them. Their bigrams and trigrams are rare, so BM25 over token n-grams finds the
 block that holds the string, and the fusion keeps what each ranking finds.
 
+The lexical query is the task and the last message (`LexicalQuery`), not the trajectory
+tail the attention query also reads: a tail of tool output shares its markup and its log
+formats with every other round, and a rank fusion rewards any match by its rank alone.
+For the same reason a term held by more than `MAX_DF_SHARE` of the candidates is no term:
+it marks the template (`<tool_call>`, `</tool_response>`) or a stop phrase (`of the`), not
+a place in the history.
+
 The scores are a pure function of the history's tokens and the query's (a warm session
 ranks as a fresh one), computed in one vectorized pass over the candidates' tokens at
 each plan, so there is no index to keep in step with the history's cuts. A BM25 library
@@ -17,14 +24,36 @@ tests check these scores against a plain BM25.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+from kvmem.memory.spans import TokenSpan
 
 NGRAMS = (2, 3)  # the n-gram lengths scored (unigrams would match nearly every block)
 BM25_K1 = 1.2  # term-frequency saturation; every block has the same length, so b is moot
 RRF_K = 60  # the reciprocal-rank constant (Cormack et al.; the usual choice)
+MAX_DF_SHARE = 0.05  # a term in more than this share of the candidates is dropped,
+MAX_DF_FLOOR = 4  # unless it is in at most this many (a few candidates, several needles)
 _TOKEN_BITS = 21  # token ids are folded to 21 bits: three fit one int64 key
 _TOKEN_MASK = (1 << _TOKEN_BITS) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class LexicalQuery:
+    """The query's tokens for BM25, with their prompt positions (n-grams never cross a
+    gap between spans)."""
+
+    tokens: np.ndarray  # int64 [n]
+    positions: np.ndarray  # int64 [n], ascending
+
+    @classmethod
+    def of(cls, prompt: Sequence[int], spans: Sequence[TokenSpan]) -> LexicalQuery:
+        """The tokens of `spans` (overlaps counted once) in the prompt's order."""
+        ranges = [np.arange(s.start, min(s.end, len(prompt)), dtype=np.int64) for s in spans]
+        pos = np.unique(np.concatenate(ranges)) if ranges else np.zeros(0, np.int64)  # [n]
+        ids = np.fromiter((prompt[p] for p in pos), dtype=np.int64, count=pos.shape[0])  # [n]
+        return cls(tokens=ids, positions=pos)
 
 
 def ngram_keys(tokens: np.ndarray, n: int) -> np.ndarray:
@@ -60,7 +89,8 @@ def bm25_scores(
 
     A block's terms are the n-grams ending on its tokens (one that starts in the block
     before counts here). The collection is the candidates: a term's document frequency is
-    the number of candidates holding it, idf = ln(1 + (N - df + 0.5) / (df + 0.5)).
+    the number of candidates holding it, idf = ln(1 + (N - df + 0.5) / (df + 0.5)); a term
+    with df > max(MAX_DF_FLOOR, MAX_DF_SHARE * N) scores nothing.
     """
     cand = np.asarray(candidates, dtype=np.int64)  # [n_cand]
     hist = np.asarray(history, dtype=np.int64)  # [n_history]
@@ -96,6 +126,7 @@ def _bm25(block: np.ndarray, term: np.ndarray, n_blocks: int, n_terms: int) -> n
     b, t = pairs // n_terms, pairs % n_terms
     df = np.bincount(t, minlength=n_terms).astype(np.float64)  # [n_terms]
     idf = np.log1p((n_blocks - df + 0.5) / (df + 0.5))  # [n_terms]
+    idf[df > max(MAX_DF_FLOOR, MAX_DF_SHARE * n_blocks)] = 0.0  # markup and stop phrases
     gain = idf[t] * tf * (BM25_K1 + 1.0) / (tf + BM25_K1)  # [n_pairs]
     return np.bincount(b, weights=gain, minlength=n_blocks)
 

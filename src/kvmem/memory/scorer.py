@@ -37,6 +37,7 @@ import numpy as np
 
 from kvmem.errors import MemoryLayoutError
 from kvmem.memory.blas_threads import single_threaded_blas
+from kvmem.memory.lexical import LexicalQuery
 from kvmem.memory.retrieval_index import KeyGeometry, RetrievalIndex
 from kvmem.memory.rope import remove_rope
 
@@ -66,7 +67,7 @@ class QueryVectors:
     positions: np.ndarray  # int [n_tokens]
     # layer -> float32 [n_tokens, n_head, head_dim]
     by_layer: dict[int, np.ndarray] = field(default_factory=dict)
-    tokens: np.ndarray | None = None  # int64 [n_tokens]: their token ids (lexical scores)
+    lexical: LexicalQuery | None = None  # the task and last message, for BM25 (lexical.py)
 
 
 def score_blocks(

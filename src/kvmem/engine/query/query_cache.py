@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from kvmem.memory.lexical import LexicalQuery
 from kvmem.memory.scorer import QueryVectors
 from kvmem.memory.spans import TokenSpan
 
@@ -80,10 +81,15 @@ class QueryCache:
         return missing
 
     def joined(
-        self, wanted: Sequence[TokenSpan], captured: SpanRows, prompt: Sequence[int]
+        self,
+        wanted: Sequence[TokenSpan],
+        captured: SpanRows,
+        prompt: Sequence[int],
+        lexical: Sequence[TokenSpan],
     ) -> QueryVectors | None:
-        """The query of the wanted spans, from `captured` or the kept vectors; reads only
-        (a worker thread calls it while the prefill runs)."""
+        """The query of the wanted spans, from `captured` or the kept vectors, with the
+        tokens of the `lexical` spans; reads only (a worker thread calls it while the
+        prefill runs)."""
         parts = []
         for span in wanted:
             got = span_query(span, captured.get(span, {}))
@@ -93,9 +99,7 @@ class QueryCache:
         query = join_queries(parts)
         if query is None:
             return None
-        pos = np.asarray(query.positions, dtype=np.int64)  # [n_tokens]
-        ids = np.fromiter((prompt[p] for p in pos), dtype=np.int64, count=pos.shape[0])
-        return replace(query, tokens=ids)  # [n_tokens]
+        return replace(query, lexical=LexicalQuery.of(prompt, lexical))
 
     def clear(self) -> None:
         self._vectors.clear()

@@ -66,7 +66,7 @@ def begin_ahead(
         stream = StreamAt(last, plan.spans, room, grid.stream_grid)
 
     def score(rows: Rows) -> BlockScores | None:
-        query = queries.joined(wanted, rows, prompt)
+        query = queries.joined(wanted, rows, prompt, plan.lexical)
         return None if query is None else window.score(ranked, query)
 
     return QueryAhead(

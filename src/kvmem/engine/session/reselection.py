@@ -82,8 +82,9 @@ def score_candidates(
         n_complete = history.shape[0] // c.block_tokens
         pinned = sorted(set(range(n_complete)) - set(ranked))
         values = rerank_scores(store, index.geometry, ranked, values, query, shortlist, pinned)
-    if c.lexical is LexicalMode.FUSE and query.tokens is not None:
-        lexical = bm25_scores(history, c.block_tokens, ranked, query.tokens, query.positions)
+    lex = query.lexical
+    if c.lexical is LexicalMode.FUSE and lex is not None:
+        lexical = bm25_scores(history, c.block_tokens, ranked, lex.tokens, lex.positions)
         values = fuse_ranks(values, lexical, np.asarray(ranked, dtype=np.int64))
     t_end = time.perf_counter()
     return BlockScores(

@@ -246,7 +246,7 @@ class KVMemSession:
                 )
             else:
                 captured = self.source.rows(prompt, plan.wanted, kept, captured, reused)
-            qvec = self._query_vectors(plan.wanted, captured, prompt)
+            qvec = self._query_vectors(plan, captured, prompt)
             return qvec, ahead.scores() if ahead is not None else None
         except BaseException:
             if ahead is not None:  # the worker may still use the scoring context and index
@@ -255,14 +255,15 @@ class KVMemSession:
             raise
 
     def _query_vectors(
-        self, wanted: tuple[TokenSpan, ...], captured: SpanRows, prompt: Sequence[int]
+        self, plan: TurnPlan, captured: SpanRows, prompt: Sequence[int]
     ) -> QueryVectors | None:
         """Vectors of every wanted span: captured this turn, or kept from the turn that
         processed it (the same tokens at the same positions); those captured are kept."""
+        wanted = plan.wanted
         missing = self.queries.keep(wanted, captured, prompt)
         for span in missing:
             logger.info("query span [%d, %d) has no vectors this turn", span.start, span.end)
-        self.last_query = self.queries.joined(wanted, captured, prompt)
+        self.last_query = self.queries.joined(wanted, captured, prompt, plan.lexical)
         trace_query(self.tracer, len(prompt), wanted, self.last_query, missing)
         return self.last_query
 

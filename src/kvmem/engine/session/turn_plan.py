@@ -102,6 +102,7 @@ class TurnPlan:
     reused: int  # tokens of the history kept (the cut); a hybrid may go back further
     tail: int | None  # where the deferred tail starts (decoded after the plan), or None
     wanted: tuple[TokenSpan, ...]  # the spans whose query vectors score the plan
+    lexical: tuple[TokenSpan, ...] = ()  # the spans whose tokens are the BM25 query
 
     @property
     def end(self) -> int:
@@ -126,7 +127,9 @@ def plan_turn(inputs: TurnInputs, ranks: Ranks, lacking: Lacking) -> TurnPlan:
     if c.cell_order is CellOrder.CANONICAL and inputs.grid is not None:
         reused = inputs.grid.ubatch_start(reused)  # the ubatches of a fresh prefill
     end = n if tail is None else tail
-    return TurnPlan(n, spans, common, reused, tail, wanted_spans(inputs, spans, end, ranks))
+    wanted = wanted_spans(inputs, spans, end, ranks)
+    lexical = lexical_spans(spans, c.query_max_tokens) if wanted else ()
+    return TurnPlan(n, spans, common, reused, tail, wanted, lexical)
 
 
 def resolve_spans(given: PromptSpans, n: int, config: KVMemConfig) -> PromptSpans:
@@ -180,6 +183,14 @@ def wanted_spans(
         if traj.length and traj != out[0]:
             out.append(traj)
     return tuple(out)
+
+
+def lexical_spans(spans: PromptSpans, max_tokens: int) -> tuple[TokenSpan, ...]:
+    """The BM25 query: the task and the last message (a tool result, when the question
+    arrives as one), the last `max_tokens` of each; never the trajectory between them,
+    whose tool output matches every other round (lexical.py)."""
+    parts = (s.last(max_tokens) for s in (spans.query, spans.live) if s is not None)
+    return tuple(dict.fromkeys(s for s in parts if s.length))
 
 
 def restart_for_rows(
