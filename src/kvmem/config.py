@@ -224,8 +224,9 @@ class KVMemConfig:
     lexical: LexicalMode = setting(
         LexicalMode.FUSE, "--kvmem-lexical",
         help="off, or fuse: the retrieval ranking fused (reciprocal rank) with BM25 over the "
-        "token bigrams and trigrams of the query, which finds the blocks holding the exact "
-        "ids, names and numbers it names", **_KVMEM,
+        "token bigrams and trigrams of the task and the last message (terms in over 5% of "
+        "the blocks dropped), which finds the blocks holding the exact ids, names and "
+        "numbers they name", **_KVMEM,
     )  # fmt: skip
     score_layers: tuple[int, ...] = setting(  # empty: layers spread over the depth
         (), "--kvmem-score-layers", help="attention layers used for scoring",
