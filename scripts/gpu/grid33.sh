@@ -21,10 +21,10 @@
 # Resumable: a step whose JSON is complete is skipped. JOBS needle/agent steps run at a time
 # (default 7, -t THREADS each, default 2) beside the fidelity chain (1, then 2 processes).
 # ONLY (an extended regex) runs the steps whose names match; FID_RECENCY= (empty) leaves
-# recency out of the first fidelity step (its figures do not depend on the variants). CPU smoke run (SmolLM2, 1K
-# cases; the figures mean nothing): MODEL=<SmolLM2 gguf> NGL=0 CTX=4096 BUDGET=512
-# RESERVE=128 STREAM=384 LENGTHS=1024 KINDS=passkey SEEDS=1 DEPTHS=1 EPISODES=1
-# AGENT_TOKENS=1024 FID_TOKENS=1536 JOBS=1 THREADS=1 ONLY='agent-1024|fidelity'.
+# recency out of the first fidelity step (its figures do not depend on the variants).
+# CPU smoke run (SmolLM2, 1K cases; the figures mean nothing): MODEL=<SmolLM2 gguf> NGL=0
+# CTX=4096 BUDGET=512 RESERVE=128 STREAM=384 LENGTHS=1024 KINDS=passkey SEEDS=1 DEPTHS=1
+# EPISODES=1 AGENT_TOKENS=1024 FID_TOKENS=1536 JOBS=1 THREADS=1 ONLY='agent-1024|fidelity'.
 set -u
 RES=${1:?usage: grid33.sh RES_DIR}
 MODEL=${MODEL:-/tmp/qwen.gguf}
