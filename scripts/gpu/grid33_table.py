@@ -83,6 +83,8 @@ def fidelity_table(res: Path) -> list[str]:
                 rows.append(f"| {v} {method} | — | — | — | — | — |")
                 continue
             by = {(s["method"], s["scope"]): s for s in doc["overall"]}
+            if (method, "all") not in by:  # FID_RECENCY= left recency out
+                continue
             a, o = by[(method, "all")], by[(method, "over_budget")]
             label = "recency" if method == "recency" else f"retrieval {v}"
             rows.append(

@@ -15,10 +15,11 @@ from kvmem.errors import ConfigError
 from kvmem.memory.exact_scorer import RankMode
 from kvmem.memory.ggml_types import GgmlType, parse_kv_type
 from kvmem.memory.layout import PositionMode
+from kvmem.memory.lexical import MAX_DF_SHARE
 from kvmem.memory.planner import RetrievalMethod
 from kvmem.memory.scorer import ScoreAggregate, ScoreMode
 from kvmem.settings import Group, Program, setting
-from kvmem.settings.values import int32, layer_list
+from kvmem.settings.values import float_in_range, int32, layer_list
 
 _KVMEM = {"programs": Program.BOTH, "group": Group.KVMEM}
 # --kvmem-harvest-tokens: on the H200 (8B shape, 32K under budget) 4 reads of 8192 tokens
@@ -228,6 +229,13 @@ class KVMemConfig:
         "the blocks dropped), which finds the blocks holding the exact ids, names and "
         "numbers they name", **_KVMEM,
     )  # fmt: skip
+    lexical_max_df: float = setting(
+        MAX_DF_SHARE, "--kvmem-lexical-max-df",
+        help="with --kvmem-lexical fuse: a term held by more than this share of the candidate "
+        "blocks (and by more than 4) scores nothing, as the template's markup and stop "
+        "phrases would; 0.1 suits --kvmem-block-tokens 64 (docs/benchmarks.md)",
+        parse=float_in_range(0.0, 1.0), metavar="SHARE", **_KVMEM,
+    )  # fmt: skip
     score_layers: tuple[int, ...] = setting(  # empty: layers spread over the depth
         (), "--kvmem-score-layers", help="attention layers used for scoring",
         parse=layer_list, metavar="L1,L2,...",
@@ -308,6 +316,10 @@ class KVMemConfig:
             raise ConfigError("--kvmem-score-threads", f"must be >= 0, got {self.score_threads}")
         if self.stream_cap < 0:
             raise ConfigError("--kvmem-stream-cap", f"must be >= 0, got {self.stream_cap}")
+        if not 0.0 <= self.lexical_max_df <= 1.0:
+            raise ConfigError(
+                "--kvmem-lexical-max-df", f"must be in [0, 1], got {self.lexical_max_df}"
+            )
         if any(layer < 0 for layer in self.score_layers):
             raise ConfigError("--kvmem-score-layers", "layer indices must be >= 0")
         if self.query_ahead is QueryAheadMode.OFF and self.query_source is not QuerySource.SCORING:

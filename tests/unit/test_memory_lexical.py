@@ -22,7 +22,7 @@ from kvmem.memory.lexical import (
 from kvmem.memory.spans import TokenSpan
 
 
-def _plain_bm25(history, bt, candidates, q_tokens, q_positions):
+def _plain_bm25(history, bt, candidates, q_tokens, q_positions, share=MAX_DF_SHARE):
     """BM25 as a textbook loop: a block's terms are the n-grams ending on its tokens."""
 
     def block_terms(b):
@@ -47,7 +47,7 @@ def _plain_bm25(history, bt, candidates, q_tokens, q_positions):
             if not tf:
                 continue
             df = sum(1 for c in candidates if term in docs[c])
-            if df > max(MAX_DF_FLOOR, MAX_DF_SHARE * len(candidates)):
+            if df > max(MAX_DF_FLOOR, share * len(candidates)):
                 continue  # a stop phrase or the template's markup
             idf = math.log(1 + (len(candidates) - df + 0.5) / (df + 0.5))
             total += idf * tf * (BM25_K1 + 1) / (tf + BM25_K1)
@@ -80,6 +80,20 @@ def test_a_phrase_most_blocks_hold_scores_nothing():
     assert [b for b in range(n_blocks) if scores[b] > 0] == [5]
     stop = bm25_scores(history, bt, list(range(n_blocks)), query[:2], np.arange(2) + 60)
     assert not stop.any()  # a query of stop phrases alone ranks nothing lexically
+    kept = bm25_scores(history, bt, list(range(n_blocks)), query[:2], np.arange(2) + 60, 1.0)
+    assert (kept > 0).all()  # --kvmem-lexical-max-df 1: no term is dropped
+
+
+def test_the_df_share_drops_the_terms_held_by_more_blocks_than_it_allows():
+    bt, n_blocks = 4, 100
+    history = np.zeros(bt * n_blocks, dtype=np.int64)  # [400]
+    for b in range(8):  # (7, 8) in 8 blocks: dropped at a 5% share, kept at 10%
+        history[b * bt : b * bt + 2] = [7, 8]
+    query, positions = np.array([7, 8]), np.array([900, 901])
+    at5 = bm25_scores(history, bt, list(range(n_blocks)), query, positions, 0.05)
+    at10 = bm25_scores(history, bt, list(range(n_blocks)), query, positions, 0.10)
+    assert not at5.any()
+    assert [b for b in range(n_blocks) if at10[b] > 0] == list(range(8))
 
 
 def test_lexical_query_joins_spans_once_in_prompt_order():
@@ -115,15 +129,16 @@ def test_query_ngrams_do_not_cross_a_gap_between_spans():
         )
     ),
     st.booleans(),
+    st.sampled_from([0.0, 0.05, 0.3, 1.0]),
 )
-def test_bm25_equals_the_plain_loop(case, gap):
+def test_bm25_equals_the_plain_loop(case, gap, share):
     n_blocks, history, query, candidates = case
     positions = list(range(50, 50 + len(query)))
     if gap and len(query) > 2:
         positions = positions[:2] + [p + 7 for p in positions[2:]]
     cand = sorted(candidates)
-    got = bm25_scores(np.array(history), 4, cand, np.array(query), np.array(positions))
-    want = _plain_bm25(history, 4, cand, query, positions)
+    got = bm25_scores(np.array(history), 4, cand, np.array(query), np.array(positions), share)
+    want = _plain_bm25(history, 4, cand, query, positions, share)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 

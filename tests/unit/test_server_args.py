@@ -267,6 +267,8 @@ def test_gpu_layers_and_flash_attn_values() -> None:
         (["--kvmem-rank", "oracle"], "--kvmem-rank"),
         (["--kvmem-stream-cap", "-1"], "--kvmem-stream-cap"),
         (["--kvmem-harvest-tokens", "-1"], "--kvmem-harvest-tokens"),
+        (["--kvmem-lexical-max-df", "1.5"], "--kvmem-lexical-max-df"),
+        (["--kvmem-lexical-max-df", "nan"], "--kvmem-lexical-max-df"),
         (["--kvmem-query-policy", "x"], "--kvmem-query-policy"),
         (["--kvmem-query-source", "gpu"], "--kvmem-query-source"),
         (["--kvmem-query-ahead", "later"], "--kvmem-query-ahead"),
@@ -339,6 +341,8 @@ def test_retrieval_flags_reach_the_kvmem_config() -> None:
     s = load("--kvmem-rank", "rerank", "--kvmem-stream-cap", "640")
     assert s.engine.kvmem.rank is RankMode.RERANK and s.engine.kvmem.stream_cap == 640
     assert load().engine.kvmem.harvest_tokens == 8192
+    assert load().engine.kvmem.lexical_max_df == 0.05
+    assert load("--kvmem-lexical-max-df", "0.1").engine.kvmem.lexical_max_df == 0.1
     assert load().engine.kvmem.cell_order is CellOrder.FREE
     assert load("--kvmem-cell-order", "canonical").engine.kvmem.cell_order is CellOrder.CANONICAL
     assert load("--kvmem-harvest-tokens", "8192").engine.kvmem.harvest_tokens == 8192

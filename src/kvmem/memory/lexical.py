@@ -84,13 +84,14 @@ def bm25_scores(
     candidates: Sequence[int],
     query_tokens: np.ndarray,
     query_positions: np.ndarray,
+    max_df_share: float = MAX_DF_SHARE,
 ) -> np.ndarray:
     """float64 [n_candidates]: each candidate block's BM25 score for the query's n-grams.
 
     A block's terms are the n-grams ending on its tokens (one that starts in the block
     before counts here). The collection is the candidates: a term's document frequency is
     the number of candidates holding it, idf = ln(1 + (N - df + 0.5) / (df + 0.5)); a term
-    with df > max(MAX_DF_FLOOR, MAX_DF_SHARE * N) scores nothing.
+    with df > max(MAX_DF_FLOOR, max_df_share * N) scores nothing.
     """
     cand = np.asarray(candidates, dtype=np.int64)  # [n_cand]
     hist = np.asarray(history, dtype=np.int64)  # [n_history]
@@ -108,7 +109,7 @@ def bm25_scores(
         keys = ngram_keys_at(hist, starts[ok], n)  # [n_ok]
         slot = np.searchsorted(terms, keys)  # [n_ok]
         hit = terms[np.minimum(slot, terms.shape[0] - 1)] == keys  # [n_ok]
-        out += _bm25(owner[ok][hit], slot[hit], cand.shape[0], terms.shape[0])
+        out += _bm25(owner[ok][hit], slot[hit], cand.shape[0], terms.shape[0], max_df_share)
     return out
 
 
@@ -120,13 +121,15 @@ def ngram_keys_at(history: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray
     return key
 
 
-def _bm25(block: np.ndarray, term: np.ndarray, n_blocks: int, n_terms: int) -> np.ndarray:
+def _bm25(
+    block: np.ndarray, term: np.ndarray, n_blocks: int, n_terms: int, max_df_share: float
+) -> np.ndarray:
     """float64 [n_blocks]: BM25 from the (block, term) pair of every matched n-gram."""
     pairs, tf = np.unique(block * n_terms + term, return_counts=True)  # [n_pairs]
     b, t = pairs // n_terms, pairs % n_terms
     df = np.bincount(t, minlength=n_terms).astype(np.float64)  # [n_terms]
     idf = np.log1p((n_blocks - df + 0.5) / (df + 0.5))  # [n_terms]
-    idf[df > max(MAX_DF_FLOOR, MAX_DF_SHARE * n_blocks)] = 0.0  # markup and stop phrases
+    idf[df > max(MAX_DF_FLOOR, max_df_share * n_blocks)] = 0.0  # markup and stop phrases
     gain = idf[t] * tf * (BM25_K1 + 1.0) / (tf + BM25_K1)  # [n_pairs]
     return np.bincount(b, weights=gain, minlength=n_blocks)
 

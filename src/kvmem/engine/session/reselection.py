@@ -84,7 +84,9 @@ def score_candidates(
         values = rerank_scores(store, index.geometry, ranked, values, query, shortlist, pinned)
     lex = query.lexical
     if c.lexical is LexicalMode.FUSE and lex is not None:
-        lexical = bm25_scores(history, c.block_tokens, ranked, lex.tokens, lex.positions)
+        lexical = bm25_scores(
+            history, c.block_tokens, ranked, lex.tokens, lex.positions, c.lexical_max_df
+        )
         values = fuse_ranks(values, lexical, np.asarray(ranked, dtype=np.int64))
     t_end = time.perf_counter()
     return BlockScores(
