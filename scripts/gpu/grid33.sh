@@ -20,6 +20,7 @@
 #   agent-FINAL-base / -VARIANT      agent memory (3 episodes of 28,672), FINAL user | tool
 # Resumable: a step whose JSON is complete is skipped. JOBS needle/agent steps run at a time
 # (default 7, -t THREADS each, default 2) beside the fidelity chain (1, then 2 processes).
+# LAYOUTS (space-separated; default "tools agent document", "raw" too) sets the needle layouts.
 # ONLY (an extended regex) runs the steps whose names match; FID_RECENCY= (empty) leaves
 # recency out of the first fidelity step (its figures do not depend on the variants).
 # CPU smoke run (SmolLM2, 1K cases; the figures mean nothing): MODEL=<SmolLM2 gguf> NGL=0
@@ -46,6 +47,7 @@ declare -A FLAGS=(
   [b64-s3584]="--kvmem-block-tokens 64 --kvmem-stream-tokens $S"
   [fuse]="--kvmem-lexical fuse"
   [b64-s3584-fuse]="--kvmem-block-tokens 64 --kvmem-stream-tokens $S --kvmem-lexical fuse"
+  [b64-s3584-df10]="--kvmem-block-tokens 64 --kvmem-stream-tokens $S --kvmem-lexical-max-df 0.1"
 )
 # VARIANTS (space-separated names of FLAGS; the first writes the fidelity reference). Since
 # lexical fusion became the default (session 16), default = fuse and b64-s3584 = b64-s3584-fuse.
@@ -85,7 +87,7 @@ fidelity_chain() {
 queue() { # one line per step: NAME|JSON|ARGS
   local len layout final v
   for len in ${LENGTHS:-28672 16384 8192}; do
-    for layout in tools agent document; do
+    for layout in ${LAYOUTS:-tools agent document}; do
       local needle="needle $ENGINE $GRID --layouts $layout --lengths $len"
       echo "needle-$layout-$len-base|needle.json|$needle --methods full,recency,compact-rag"
       for v in "${VARIANTS[@]}"; do

@@ -4,7 +4,7 @@
 
 Prints markdown: correct of 20 per (layout, length) for full, recency, compact-rag and the
 retrieval variants (grid33.sh's VARIANTS; the first also ran recency's fidelity), with the cells where a variant falls short of the acceptance line
-(>= full in document and tools, >= full - 1 in agent) marked; agent memory correct of 21;
+(>= full in document and tools, >= full - 1 in agent and raw) marked; agent memory correct of 21;
 fidelity mean KL / top-1 over all turns and over the turns past the budget.
 """
 
@@ -15,9 +15,17 @@ import sys
 from pathlib import Path
 
 VARIANTS = ("default", "s3584", "b64-s3584")
-LAYOUTS = ("document", "tools", "agent")
-LENGTHS = (8192, 16384, 28672)
-SLACK = {"document": 0, "tools": 0, "agent": 1}  # retrieval >= full - SLACK
+LAYOUTS = ("document", "tools", "agent", "raw")
+SLACK = {"document": 0, "tools": 0, "agent": 1, "raw": 1}  # retrieval >= full - SLACK
+
+
+def cells(res: Path) -> list[tuple[str, int]]:
+    """The (layout, length) needle cells the run has, in LAYOUTS order, shortest first."""
+    found = set()
+    for d in res.glob("needle-*-*-base"):
+        _, layout, length, _ = d.name.split("-", 3)
+        found.add((LAYOUTS.index(layout), int(length)))
+    return [(LAYOUTS[i], n) for i, n in sorted(found)]
 
 
 def load(res: Path, step: str, name: str) -> dict | None:
@@ -43,18 +51,15 @@ def cell(value: int | None, floor: int | None = None) -> str:
 def needle_table(res: Path) -> list[str]:
     head = "| layout, length | full | recency | compact-rag | " + " | ".join(VARIANTS) + " |"
     rows = [head, "| --- |" + " ---: |" * (3 + len(VARIANTS))]
-    for layout in LAYOUTS:
-        for length in LENGTHS:
-            prefix = f"needle-{layout}-{length}"
-            base = load(res, f"{prefix}-base", "needle.json")
-            full = correct(base, "full")
-            floor = None if full is None else full - SLACK[layout]
-            ret = [
-                correct(load(res, f"{prefix}-{v}", "needle.json"), "retrieval") for v in VARIANTS
-            ]
-            base_cells = [cell(correct(base, m)) for m in ("full", "recency", "compact-rag")]
-            line = [f"{layout} {length // 1024}K", *base_cells, *(cell(r, floor) for r in ret)]
-            rows.append("| " + " | ".join(line) + " |")
+    for layout, length in cells(res):
+        prefix = f"needle-{layout}-{length}"
+        base = load(res, f"{prefix}-base", "needle.json")
+        full = correct(base, "full")
+        floor = None if full is None else full - SLACK[layout]
+        ret = [correct(load(res, f"{prefix}-{v}", "needle.json"), "retrieval") for v in VARIANTS]
+        base_cells = [cell(correct(base, m)) for m in ("full", "recency", "compact-rag")]
+        line = [f"{layout} {length // 1024}K", *base_cells, *(cell(r, floor) for r in ret)]
+        rows.append("| " + " | ".join(line) + " |")
     return rows
 
 

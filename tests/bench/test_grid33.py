@@ -25,16 +25,20 @@ echo '{{"complete": true}}' > "$out/$sub.json"
 """
 
 
-def run(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def run(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     fake = tmp_path / "python"
     fake.write_text(FAKE)
     fake.chmod(0o755)
-    env = os.environ | {
-        "PYTHON": str(fake),
-        "CALLS": str(tmp_path / "calls.txt"),
-        "REF": str(tmp_path / "ref"),
-        "JOBS": "3",
-    }
+    env = (
+        os.environ
+        | {
+            "PYTHON": str(fake),
+            "CALLS": str(tmp_path / "calls.txt"),
+            "REF": str(tmp_path / "ref"),
+            "JOBS": "3",
+        }
+        | extra
+    )
     return subprocess.run(
         ["bash", str(SCRIPT), str(tmp_path / "res")],
         capture_output=True,
@@ -101,3 +105,16 @@ def test_a_second_run_redoes_only_unfinished_steps(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     assert list(calls(tmp_path)) == ["needle-tools-8192-s3584"]
     assert again.stdout.count("done already") == 46
+
+
+def test_layouts_and_only_pick_the_raw_cells(tmp_path: Path) -> None:
+    done = run(tmp_path, LAYOUTS="raw", ONLY="needle-raw", VARIANTS="default b64-s3584-df10")
+    assert done.returncode == 0, done.stderr
+    ran = calls(tmp_path)
+    lengths, variants = (28672, 16384, 8192), ("base", "default", "b64-s3584-df10")
+    assert set(ran) == {f"needle-raw-{n}-{v}" for n in lengths for v in variants}
+    assert ran["needle-raw-8192-b64-s3584-df10"].endswith(
+        "--layouts raw --lengths 8192 --methods retrieval --kvmem-block-tokens 64 "
+        f"--kvmem-stream-tokens 3584 --kvmem-lexical-max-df 0.1 "
+        f"--out {tmp_path}/res/needle-raw-8192-b64-s3584-df10"
+    )
