@@ -180,7 +180,7 @@ class OracleFactory(FakeFactory):
         return engine
 
 
-@pytest.mark.parametrize("layout", [Layout.AGENT, Layout.TOOLS])
+@pytest.mark.parametrize("layout", [Layout.AGENT, Layout.TOOLS, Layout.RAW])
 def test_oracle_forces_the_needle_for_kvmem_methods_only(layout: Layout) -> None:
     specs = [NeedleSpec(NeedleKind.PASSKEY, layout, 3000, d, 0) for d in (0.5, 1.0)]
     answer = agent_answer if layout is Layout.AGENT else FakeFactory.answer_fn

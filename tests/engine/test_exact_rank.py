@@ -19,7 +19,13 @@ BT = 128
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path):
-    config = KVMemConfig(budget=1024, gen_reserve=256, rank=RankMode.EXACT, lexical=LexicalMode.OFF)
+    config = KVMemConfig(
+        budget=1024,
+        gen_reserve=256,
+        rank=RankMode.EXACT,
+        lexical=LexicalMode.OFF,
+        stream_tokens=512,  # the prefill leaves the middle blocks for the retrieval to restore
+    )
     made = make_engine(smollm2_path, n_ctx=8192, kvmem=config)
     yield made
     made.close()
@@ -53,7 +59,7 @@ def test_exact_rank_retrieves_the_top_of_the_exact_mass_and_cold_equals_warm(eng
 
 @pytest.fixture(scope="module")
 def rerank_engine(smollm2_path):
-    config = KVMemConfig(budget=1024, gen_reserve=256, rank=RankMode.RERANK)
+    config = KVMemConfig(budget=1024, gen_reserve=256, rank=RankMode.RERANK, stream_tokens=512)
     made = make_engine(smollm2_path, n_ctx=8192, kvmem=config)
     yield made
     made.close()

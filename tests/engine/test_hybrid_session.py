@@ -28,8 +28,14 @@ from .hybrid_models import tiny_hybrid_path  # noqa: F401  (fixture)
 pytestmark = pytest.mark.slow
 
 BT = 32
-OVER = KVMemConfig(
-    budget=128, gen_reserve=64, block_tokens=BT, sink_blocks=1, recent_blocks=1, trace=True
+OVER = KVMemConfig(  # a 2-block prefill stream: the snapshot counts below assume it
+    budget=128,
+    gen_reserve=64,
+    block_tokens=BT,
+    sink_blocks=1,
+    recent_blocks=1,
+    stream_tokens=64,
+    trace=True,
 )
 
 

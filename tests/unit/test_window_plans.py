@@ -20,7 +20,7 @@ from kvmem.memory.block_table import BlockTable
 from kvmem.memory.spans import PromptSpans
 
 BT = 16
-CONFIG = KVMemConfig(block_tokens=BT, budget=64)  # stream tier: 32 tokens, 2 blocks
+CONFIG = KVMemConfig(block_tokens=BT, budget=64, stream_tokens=32)  # stream tier: 2 blocks
 NO_SPANS = PromptSpans()
 
 

@@ -28,9 +28,17 @@ from kvmem.bench.compact_rag import (
     query_text,
     rank_chunks,
 )
-from kvmem.bench.conversation import Message, PromptRenderer, RenderedPrompt, Role, Tools
+from kvmem.bench.conversation import (
+    Message,
+    PromptRenderer,
+    RenderedPrompt,
+    Role,
+    Tools,
+    token_boundary,
+)
 from kvmem.bench.engines import BenchEngine
 from kvmem.memory.raw_query import raw_prompt_spans
+from kvmem.memory.spans import TokenSpan
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +151,20 @@ def raw_render(
     return RenderedPrompt(
         tokens=head + engine.tokenize(text, parse_special=False), query=None, text=text
     )
+
+
+def raw_span_of(engine: BenchEngine, prompt: RenderedPrompt, text: str) -> TokenSpan | None:
+    """The tokens of the raw prompt `prompt` (a `raw_render`) that hold the last occurrence
+    of `text`, or None: the oracle's needle span in a completion prompt."""
+    at = prompt.text.rfind(text)
+    if at < 0:
+        return None
+    head = 1 if engine.info.add_bos else 0  # raw_render's BOS
+    whole = prompt.tokens[head:]
+    before = engine.tokenize(prompt.text[:at], parse_special=False)
+    upto = engine.tokenize(prompt.text[: at + len(text)], parse_special=False)
+    start = token_boundary(before, whole, round_up=False)
+    return TokenSpan(head + start, head + token_boundary(upto, whole, round_up=True))
 
 
 def raw_prompt(

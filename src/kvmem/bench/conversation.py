@@ -166,8 +166,8 @@ class ChatMLRenderer:
             whole = self._tok.tokenize(content, parse_special=False)
             before = self._tok.tokenize(content[:at], parse_special=False)
             upto = self._tok.tokenize(content[: at + len(text)], parse_special=False)
-            start = _token_boundary(before, whole, round_up=False)
-            end = _token_boundary(upto, whole, round_up=True)
+            start = token_boundary(before, whole, round_up=False)
+            end = token_boundary(upto, whole, round_up=True)
             base = prompt.message_spans[i].start
             return TokenSpan(base + start, base + end) if end > start else None
         return None
@@ -227,7 +227,7 @@ def _with_tools(messages: Sequence[Message], tools: Tools | None) -> list[Messag
     return [Message(Role.SYSTEM, section), *messages]
 
 
-def _token_boundary(part: Sequence[int], whole: Sequence[int], round_up: bool) -> int:
+def token_boundary(part: Sequence[int], whole: Sequence[int], round_up: bool) -> int:
     """Where the text that `part` tokenizes ends in `whole`, in tokens: the tokens both
     agree on, plus (with `round_up`) the token of `whole` the text ends inside, if any
     (as when Qwen merges a needle's final "." with the newline after it)."""
@@ -313,7 +313,7 @@ class TemplateRenderer:
 
         def boundary(n_chars: int, round_up: bool) -> int:
             part = self._engine.tokenize(body[:n_chars], add_special=False, parse_special=True)
-            return head + _token_boundary(part, whole, round_up)
+            return head + token_boundary(part, whole, round_up)
 
         start = boundary(at - shift, False)
         end = boundary(at - shift + len(text), True)

@@ -19,7 +19,13 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvmem.bench.compact_prompts import CompactBudget, chat_prompt, raw_prompt, raw_render
+from kvmem.bench.compact_prompts import (
+    CompactBudget,
+    chat_prompt,
+    raw_prompt,
+    raw_render,
+    raw_span_of,
+)
 from kvmem.bench.conversation import (
     PromptRenderer,
     RenderedPrompt,
@@ -120,8 +126,8 @@ def build_prompts(
     for spec in specs:
         case = build_case(spec, count)
         if spec.layout is Layout.RAW:
-            parts = [m.content for m in case.messages]
-            out.append((case, raw_render(engine, parts, case.answer_prefix), None))
+            raw = raw_render(engine, [m.content for m in case.messages], case.answer_prefix)
+            out.append((case, raw, raw_span_of(engine, raw, case.needle)))
             continue
         prompt = renderer.render(case.messages, answer_prefix=case.answer_prefix, tools=case.tools)
         span = renderer.span_of(case.messages, prompt, case.needle, case.tools)
