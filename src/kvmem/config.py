@@ -225,9 +225,9 @@ class KVMemConfig:
     lexical: LexicalMode = setting(
         LexicalMode.FUSE, "--kvmem-lexical",
         help="off, or fuse: the retrieval ranking fused (reciprocal rank) with BM25 over the "
-        "token bigrams and trigrams of the task and the last message (terms in over 5% of "
-        "the blocks dropped), which finds the blocks holding the exact ids, names and "
-        "numbers they name", **_KVMEM,
+        "token bigrams and trigrams of the task and the last message (terms in more than "
+        "--kvmem-lexical-max-df of the blocks dropped), which finds the blocks holding the "
+        "exact ids, names and numbers they name", **_KVMEM,
     )  # fmt: skip
     lexical_max_df: float = setting(
         MAX_DF_SHARE, "--kvmem-lexical-max-df",
@@ -320,6 +320,8 @@ class KVMemConfig:
             raise ConfigError(
                 "--kvmem-lexical-max-df", f"must be in [0, 1], got {self.lexical_max_df}"
             )
+        if self.lexical is LexicalMode.OFF and self.lexical_max_df != MAX_DF_SHARE:
+            raise ConfigError("--kvmem-lexical-max-df", "applies to --kvmem-lexical fuse only")
         if any(layer < 0 for layer in self.score_layers):
             raise ConfigError("--kvmem-score-layers", "layer indices must be >= 0")
         if self.query_ahead is QueryAheadMode.OFF and self.query_source is not QuerySource.SCORING:

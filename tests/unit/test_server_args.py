@@ -269,6 +269,7 @@ def test_gpu_layers_and_flash_attn_values() -> None:
         (["--kvmem-harvest-tokens", "-1"], "--kvmem-harvest-tokens"),
         (["--kvmem-lexical-max-df", "1.5"], "--kvmem-lexical-max-df"),
         (["--kvmem-lexical-max-df", "nan"], "--kvmem-lexical-max-df"),
+        (["--kvmem-lexical", "off", "--kvmem-lexical-max-df", "0.1"], "--kvmem-lexical-max-df"),
         (["--kvmem-query-policy", "x"], "--kvmem-query-policy"),
         (["--kvmem-query-source", "gpu"], "--kvmem-query-source"),
         (["--kvmem-query-ahead", "later"], "--kvmem-query-ahead"),

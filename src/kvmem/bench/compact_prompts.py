@@ -34,7 +34,7 @@ from kvmem.bench.conversation import (
     RenderedPrompt,
     Role,
     Tools,
-    token_boundary,
+    text_span,
 )
 from kvmem.bench.engines import BenchEngine
 from kvmem.memory.raw_query import raw_prompt_spans
@@ -160,11 +160,11 @@ def raw_span_of(engine: BenchEngine, prompt: RenderedPrompt, text: str) -> Token
     if at < 0:
         return None
     head = 1 if engine.info.add_bos else 0  # raw_render's BOS
-    whole = prompt.tokens[head:]
-    before = engine.tokenize(prompt.text[:at], parse_special=False)
-    upto = engine.tokenize(prompt.text[: at + len(text)], parse_special=False)
-    start = token_boundary(before, whole, round_up=False)
-    return TokenSpan(head + start, head + token_boundary(upto, whole, round_up=True))
+
+    def tokenize(part: str) -> list[int]:
+        return engine.tokenize(part, parse_special=False)
+
+    return text_span(tokenize, prompt.text, at, len(text), prompt.tokens[head:], head)
 
 
 def raw_prompt(

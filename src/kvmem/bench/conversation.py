@@ -14,7 +14,7 @@ finds a piece of text's token span in a rendered prompt (the oracle's needle spa
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
@@ -163,13 +163,12 @@ class ChatMLRenderer:
             at = content.rfind(text)
             if at < 0:
                 continue
-            whole = self._tok.tokenize(content, parse_special=False)
-            before = self._tok.tokenize(content[:at], parse_special=False)
-            upto = self._tok.tokenize(content[: at + len(text)], parse_special=False)
-            start = token_boundary(before, whole, round_up=False)
-            end = token_boundary(upto, whole, round_up=True)
+
+            def tokenize(part: str) -> list[int]:
+                return self._tok.tokenize(part, parse_special=False)
+
             base = prompt.message_spans[i].start
-            return TokenSpan(base + start, base + end) if end > start else None
+            return text_span(tokenize, content, at, len(text), tokenize(content), base)
         return None
 
     def reply_tokens(
@@ -227,7 +226,22 @@ def _with_tools(messages: Sequence[Message], tools: Tools | None) -> list[Messag
     return [Message(Role.SYSTEM, section), *messages]
 
 
-def token_boundary(part: Sequence[int], whole: Sequence[int], round_up: bool) -> int:
+def text_span(
+    tokenize: Callable[[str], Sequence[int]],
+    text: str,
+    at: int,
+    length: int,
+    whole: Sequence[int],
+    base: int,
+) -> TokenSpan | None:
+    """The tokens of `whole` (the tokens of `text`, placed from `base` in the prompt) that
+    hold text[at : at + length], found by tokenizing the text's prefixes; None if empty."""
+    start = _token_boundary(tokenize(text[:at]), whole, round_up=False)
+    end = _token_boundary(tokenize(text[: at + length]), whole, round_up=True)
+    return TokenSpan(base + start, base + end) if end > start else None
+
+
+def _token_boundary(part: Sequence[int], whole: Sequence[int], round_up: bool) -> int:
     """Where the text that `part` tokenizes ends in `whole`, in tokens: the tokens both
     agree on, plus (with `round_up`) the token of `whole` the text ends inside, if any
     (as when Qwen merges a needle's final "." with the newline after it)."""
@@ -309,15 +323,11 @@ class TemplateRenderer:
         if info.add_bos and info.bos_text and body.startswith(info.bos_text):
             body, shift = body[len(info.bos_text) :], len(info.bos_text)
         head = 1 if info.add_bos else 0
-        whole = prompt.tokens[head:]
 
-        def boundary(n_chars: int, round_up: bool) -> int:
-            part = self._engine.tokenize(body[:n_chars], add_special=False, parse_special=True)
-            return head + token_boundary(part, whole, round_up)
+        def tokenize(part: str) -> list[int]:
+            return self._engine.tokenize(part, add_special=False, parse_special=True)
 
-        start = boundary(at - shift, False)
-        end = boundary(at - shift + len(text), True)
-        return TokenSpan(start, end) if end > start else None
+        return text_span(tokenize, body, at - shift, len(text), prompt.tokens[head:], head)
 
     def reply_tokens(
         self, messages: Sequence[Message], reply: str, prompt: RenderedPrompt
