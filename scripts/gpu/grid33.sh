@@ -48,6 +48,11 @@ declare -A FLAGS=(
   [fuse]="--kvmem-lexical fuse"
   [b64-s3584-fuse]="--kvmem-block-tokens 64 --kvmem-stream-tokens $S --kvmem-lexical fuse"
   [b64-s3584-df10]="--kvmem-block-tokens 64 --kvmem-stream-tokens $S --kvmem-lexical-max-df 0.1"
+  [b2048]="-b 2048"
+  [b1024-s3584]="-b 1024 --kvmem-stream-tokens $S"
+  [b768-s3840]="-b 768 --kvmem-stream-tokens 3840"
+  [b512-s4096]="-b 512 --kvmem-stream-tokens 4096"
+  [b1024-s3584-b64]="-b 1024 --kvmem-stream-tokens $S --kvmem-block-tokens 64"
 )
 # VARIANTS (space-separated names of FLAGS; the first writes the fidelity reference). Since
 # lexical fusion became the default (session 16), default = fuse and b64-s3584 = b64-s3584-fuse.

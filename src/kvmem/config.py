@@ -25,6 +25,10 @@ _KVMEM = {"programs": Program.BOTH, "group": Group.KVMEM}
 # --kvmem-harvest-tokens: on the H200 (8B shape, 32K under budget) 4 reads of 8192 tokens
 # took 445 ms against 926 ms for 16 reads of a 2048-token chunk each; docs/benchmarks.md
 HARVEST_TOKENS = 8192
+# --kvmem-chunk-tokens with the stream as wide as the room it leaves: on Qwen2.5-Coder-0.5B
+# at 8x (-c 32768, budget 4096) the only setting measured to meet every needle, memory and
+# fidelity line of issue 33 (docs/benchmarks.md, "GPU, session 18")
+CHUNK_TOKENS = 512
 
 
 def _n(default: int, name: str, help_text: str, shown: str | None = None) -> int:
@@ -196,10 +200,18 @@ class KVMemConfig:
         "bound of the live-trajectory tier (tool calls and results after the task)",
         "-1 = budget/4",
     )  # fmt: skip
-    stream_tokens: int = _n(  # -1: budget / 2
+    stream_tokens: int = _n(  # -1: all the room a chunk leaves in the window
         -1, "--kvmem-stream-tokens",
-        "bound of the newest tokens a prefill chunk sees besides sink and control",
-        "-1 = budget/2",
+        "bound of the newest tokens a prefill chunk sees besides sink and control (a "
+        "narrower stream prefills faster over the budget: 1024 of a 4096 budget is 0.9x "
+        "stock at the window, at a cost in fidelity)",
+        "-1 = all the window leaves beside the chunk",
+    )  # fmt: skip
+    chunk_tokens: int = _n(
+        CHUNK_TOKENS, "--kvmem-chunk-tokens",
+        "prefill chunk with KVMem (at most -b): a chunk over the budget sees its stream "
+        "window and itself, so a smaller chunk leaves the stream more of the window",
+        str(CHUNK_TOKENS),
     )  # fmt: skip
     harvest_tokens: int = _n(
         HARVEST_TOKENS, "--kvmem-harvest-tokens",
@@ -308,6 +320,7 @@ class KVMemConfig:
         ):
             if value < -1:
                 raise ConfigError(flag, f"must be >= 0 (or -1 for the default), got {value}")
+        _positive("--kvmem-chunk-tokens", self.chunk_tokens)
         if self.harvest_tokens < 0:
             raise ConfigError("--kvmem-harvest-tokens", f"must be >= 0, got {self.harvest_tokens}")
         if self.score_mlogits < 0:
@@ -371,7 +384,7 @@ class KVMemConfig:
             "trajectory": self.trajectory_tokens
             if self.trajectory_tokens >= 0
             else self.budget // 4,
-            "stream": self.stream_tokens if self.stream_tokens >= 0 else self.budget // 2,
+            "stream": self.stream_tokens if self.stream_tokens >= 0 else self.gpu_cells,
         }
 
     @property

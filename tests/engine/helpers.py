@@ -16,6 +16,19 @@ FILLER = (
 )
 
 
+# The tiny models' over-budget config: 32-token blocks in a 128-token budget, with a
+# 2-block (budget/2) prefill stream, so a prefill leaves blocks for reselections to restore
+TINY_OVER = KVMemConfig(
+    budget=128,
+    gen_reserve=64,
+    block_tokens=32,
+    sink_blocks=1,
+    recent_blocks=1,
+    stream_tokens=64,
+    trace=True,
+)
+
+
 def make_engine(
     path: str,
     *,

@@ -22,21 +22,13 @@ from kvmem.errors import StateFormatError
 from kvmem.memory.host_store import BlockKV
 from kvmem.memory.spans import TokenSpan
 
-from .helpers import GREEDY
+from .helpers import GREEDY, TINY_OVER
 from .hybrid_models import tiny_hybrid_path  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 
 BT = 32
-OVER = KVMemConfig(  # a 2-block prefill stream: the snapshot counts below assume it
-    budget=128,
-    gen_reserve=64,
-    block_tokens=BT,
-    sink_blocks=1,
-    recent_blocks=1,
-    stream_tokens=64,
-    trace=True,
-)
+OVER = TINY_OVER  # a 2-block prefill stream: the snapshot counts below assume it
 
 
 def tokens(n: int, seed: int = 0) -> list[int]:

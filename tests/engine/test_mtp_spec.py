@@ -28,7 +28,7 @@ from kvmem.errors import ConfigError
 from kvmem.memory.ggml_types import GgmlType
 from kvmem.spec_config import SpecConfig, SpecType
 
-from .helpers import GREEDY
+from .helpers import GREEDY, TINY_OVER
 from .hybrid_models import (  # noqa: F401  (fixture)
     tiny_hybrid_path,
     write_echo_head_hybrid,
@@ -39,9 +39,7 @@ pytestmark = pytest.mark.slow
 
 BT = 32
 UNDER = KVMemConfig(budget=1024, gen_reserve=128, block_tokens=BT)
-OVER = KVMemConfig(
-    budget=128, gen_reserve=64, block_tokens=BT, sink_blocks=1, recent_blocks=1, trace=True
-)
+OVER = TINY_OVER  # a budget/2 stream: the prefill leaves blocks for reselections to restore
 NO_DRAFTS = SpecConfig()
 # the gate off: every step drafts, so the draft statistics below are deterministic
 MTP = SpecConfig(type=SpecType.MTP, n_max=3, gate=False)

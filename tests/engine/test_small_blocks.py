@@ -20,8 +20,9 @@ CONTROL = TokenSpan(10, 330)  # five blocks: more than the stream window's room 
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path):
-    kv = KVMemConfig(budget=1024, gen_reserve=128, block_tokens=BT)
-    # the server's batch: chunks of 896 tokens, a 256-token room for the stream window
+    # chunks of 896 tokens (-b 2048 and no --kvmem-chunk-tokens cap below it): a 256-token
+    # room for the stream window
+    kv = KVMemConfig(budget=1024, gen_reserve=128, block_tokens=BT, chunk_tokens=2048)
     made = make_engine(smollm2_path, n_ctx=4096, kvmem=kv, n_batch=2048, n_ubatch=512)
     yield made
     made.close()

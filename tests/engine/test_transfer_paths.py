@@ -375,7 +375,8 @@ def _stream_stage_ins(trace: io.StringIO) -> int:
 def _three_turns(path: str, ahead: bool) -> list[tuple[np.ndarray, int, int, int]]:
     """Three over-budget turns, each prompt extending the last: (logits of the 3 tokens
     after it, blocks staged in, of them built ahead, of them by the prefill's stream)."""
-    kvmem = KVMemConfig(budget=1024, gen_reserve=256, trace=True)
+    # a budget/2 stream: the reselection leaves some of it out, for the next turn to restore
+    kvmem = KVMemConfig(budget=1024, gen_reserve=256, stream_tokens=512, trace=True)
     trace = io.StringIO()
     engine = make_engine(path, n_ctx=2048, cache="q8_0", kvmem=kvmem, trace=trace)
     try:

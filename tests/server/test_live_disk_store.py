@@ -32,6 +32,9 @@ pytestmark = pytest.mark.slow
 
 COMMON = ("-c", "4096", "--kvmem-budget", "1024", "--kvmem-gen-reserve", "512", "-t", "2")
 COMMON += ("--metrics", "--kvmem-trace", "--seed", "1")
+# chunks of 1,152 (no 512 cap): a needle prompt's stream window holds 3 blocks, so the
+# reselection retrieves the needle's blocks from the store
+COMMON += ("--kvmem-chunk-tokens", "2048")
 BLOCK = 128
 
 TOPICS = ["a lighthouse keeper", "a copper mine", "a glacier survey", "a night market"]

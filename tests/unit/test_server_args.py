@@ -267,6 +267,7 @@ def test_gpu_layers_and_flash_attn_values() -> None:
         (["--kvmem-rank", "oracle"], "--kvmem-rank"),
         (["--kvmem-stream-cap", "-1"], "--kvmem-stream-cap"),
         (["--kvmem-harvest-tokens", "-1"], "--kvmem-harvest-tokens"),
+        (["--kvmem-chunk-tokens", "0"], "--kvmem-chunk-tokens"),
         (["--kvmem-lexical-max-df", "1.5"], "--kvmem-lexical-max-df"),
         (["--kvmem-lexical-max-df", "nan"], "--kvmem-lexical-max-df"),
         (["--kvmem-lexical", "off", "--kvmem-lexical-max-df", "0.1"], "--kvmem-lexical-max-df"),
@@ -347,6 +348,8 @@ def test_retrieval_flags_reach_the_kvmem_config() -> None:
     assert load().engine.kvmem.cell_order is CellOrder.FREE
     assert load("--kvmem-cell-order", "canonical").engine.kvmem.cell_order is CellOrder.CANONICAL
     assert load("--kvmem-harvest-tokens", "8192").engine.kvmem.harvest_tokens == 8192
+    assert load().engine.kvmem.chunk_tokens == 512 and load().engine.kvmem.stream_tokens == -1
+    assert load("--kvmem-chunk-tokens", "2048").engine.kvmem.chunk_tokens == 2048
     assert load().engine.kvmem.query_source is QuerySource.MAIN
     s = load("--kvmem-query-source", "scoring")
     assert s.engine.kvmem.query_source is QuerySource.SCORING

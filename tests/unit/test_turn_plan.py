@@ -140,6 +140,28 @@ def test_chunk_grid_is_block_aligned_and_leaves_room_for_the_window() -> None:
     assert ChunkGrid.of(off, n_batch=512, capacity=300) == ChunkGrid(300, 300)
 
 
+def test_the_chunk_is_capped_by_kvmem_chunk_tokens_so_the_stream_gets_the_rest() -> None:
+    """The server's -b 2048 prefills in chunks of --kvmem-chunk-tokens (512) with KVMem on,
+    so at -c 32768 --kvmem-budget 4096 --kvmem-gen-reserve 512 a chunk over the budget
+    leaves 4,096 cells for its stream window; without KVMem -b rules alone."""
+    protocol = KVMemConfig(budget=4096, gen_reserve=512)
+    assert ChunkGrid.of(protocol, n_batch=2048, capacity=4608) == ChunkGrid(512, 512)
+    assert ChunkGrid.of(protocol, n_batch=256, capacity=4608) == ChunkGrid(256, 256)
+    wide = KVMemConfig(budget=4096, gen_reserve=512, chunk_tokens=2048)
+    assert ChunkGrid.of(wide, n_batch=2048, capacity=4608) == ChunkGrid(2048, 2048)
+    assert ChunkGrid.of(KVMemConfig(chunk_tokens=200), 2048, 4608) == ChunkGrid(128, 128)
+    off = KVMemConfig(enabled=False)
+    assert ChunkGrid.of(off, n_batch=2048, capacity=4608) == ChunkGrid(2048, 2048)
+
+
+def test_the_default_stream_is_all_the_room_a_chunk_leaves() -> None:
+    """-1: the stream bound is the window's whole capacity, so the stream window takes
+    every cell the chunk leaves (the sink, the control tier and the newest blocks)."""
+    config = KVMemConfig(budget=4096, gen_reserve=512)
+    assert config.tier_tokens()["stream"] == 4608
+    assert KVMemConfig(budget=4096, stream_tokens=1024).tier_tokens()["stream"] == 1024
+
+
 def test_a_canonical_cell_order_resumes_a_prefill_on_a_fresh_prefills_ubatch() -> None:
     """With --kvmem-cell-order canonical the reused prefix ends where a fresh prefill's
     ubatch starts (chunks of 896 in ubatches of 512 from the chunk's start), so a resumed

@@ -113,7 +113,7 @@ class SweepSettings:
     seed: int = 0
     block_tokens: int = 128
     harvest_tokens: int = HARVEST_TOKENS
-    stream_tokens: int = -1  # as --kvmem-stream-tokens (-1: half the budget)
+    stream_tokens: int = -1  # as --kvmem-stream-tokens (-1: all the room a chunk leaves)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -358,7 +358,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--stream-tokens",
         type=strict_int,
         default=-1,
-        help="as --kvmem-stream-tokens: the newest tokens a prefill chunk sees (-1: budget/2)",
+        help="as --kvmem-stream-tokens: the newest tokens a prefill chunk sees (-1: all the room)",
     )
     p.add_argument("-t", "--threads", type=strict_int, default=None)
     p.add_argument("-b", "--batch-size", type=strict_int, default=2048)
