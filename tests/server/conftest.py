@@ -120,9 +120,24 @@ def start_server(
             stderr=subprocess.STDOUT,
         )
     server = LiveServer(proc, port, log_path)
+    _STARTED.append(server)
     if wait:
         wait_healthy(server)
     return server
+
+
+_STARTED: list[LiveServer] = []  # every server start_server made in this session
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_server_outlives_the_session() -> Iterator[None]:
+    """A test that fails before it stops its server leaves the process running (and using
+    the cores) after the suite; kill whatever is still alive at the session's end."""
+    yield
+    for server in _STARTED:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait(timeout=30)
 
 
 def wait_healthy(server: LiveServer, timeout: float = STARTUP_TIMEOUT_S) -> None:

@@ -146,6 +146,9 @@ def test_the_chunk_is_capped_by_kvmem_chunk_tokens_so_the_stream_gets_the_rest()
     leaves 4,096 cells for its stream window; without KVMem -b rules alone."""
     protocol = KVMemConfig(budget=4096, gen_reserve=512)
     assert ChunkGrid.of(protocol, n_batch=2048, capacity=4608) == ChunkGrid(512, 512)
+    assert ChunkGrid.of(protocol, 2048, 4608, n_ctx=32768) == ChunkGrid(512, 512)
+    # a context that never exceeds the budget never streams: -b rules
+    assert ChunkGrid.of(protocol, 2048, 4608, n_ctx=4096) == ChunkGrid(2048, 2048)
     assert ChunkGrid.of(protocol, n_batch=256, capacity=4608) == ChunkGrid(256, 256)
     wide = KVMemConfig(budget=4096, gen_reserve=512, chunk_tokens=2048)
     assert ChunkGrid.of(wide, n_batch=2048, capacity=4608) == ChunkGrid(2048, 2048)
@@ -208,7 +211,13 @@ def test_whole_context_chunks_keep_every_block_in_every_stream_window(
 ) -> None:
     """Reference: try every aligned chunk; the chosen one is the largest whose every
     chunk start's stream window (the real planner) holds the whole history."""
-    config = KVMemConfig(block_tokens=bt, budget=max(n_ctx, 3 * bt), sink_blocks=1, recent_blocks=1)
+    config = KVMemConfig(  # no --kvmem-chunk-tokens cap below any batch drawn here
+        block_tokens=bt,
+        budget=max(n_ctx, 3 * bt),
+        sink_blocks=1,
+        recent_blocks=1,
+        chunk_tokens=1024,
+    )
     capacity = n_ctx
     grid = ChunkGrid.of(config, n_batch, capacity, n_ctx)
 

@@ -45,14 +45,16 @@ class ChunkGrid:
     ) -> ChunkGrid:
         """A multiple (or, for a small batch, a divisor) of the block size that leaves room
         for the window and fits the batch and `--kvmem-chunk-tokens`. `n_ctx`: the logical
-        context; one no larger than the budget never goes over it, so a capacity smaller
+        context; one no larger than the budget never goes over it, so it never streams (the
+        chunk cap, which leaves the stream its room, does not apply) and a capacity smaller
         than the protected tiers (`-c 256`) still prefills in whole chunks instead of one
         token at a time."""
         bt = config.block_tokens
         if not config.enabled:
             chunk = max(1, min(n_batch, capacity))
             return cls(chunk, max(chunk, bt), n_ubatch)
-        batch = min(n_batch, config.chunk_tokens)
+        within = n_ctx is not None and n_ctx <= config.budget
+        batch = n_batch if within else min(n_batch, config.chunk_tokens)
         protected = (config.sink_blocks + config.recent_blocks + 1) * bt
         chunk = _aligned(max(1, min(batch, capacity - protected)), bt)
         if chunk < bt and n_ctx is not None and n_ctx <= config.budget:
