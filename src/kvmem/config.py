@@ -209,8 +209,10 @@ class KVMemConfig:
     )  # fmt: skip
     chunk_tokens: int = _n(
         CHUNK_TOKENS, "--kvmem-chunk-tokens",
-        "prefill chunk with KVMem (at most -b): a chunk over the budget sees its stream "
-        "window and itself, so a smaller chunk leaves the stream more of the window",
+        "prefill chunk with KVMem when -c exceeds the budget (at most -b; a context within "
+        "the budget never streams and prefills in chunks of -b): a chunk over the budget "
+        "sees its stream window and itself, so a smaller chunk leaves the stream more of "
+        "the window",
         str(CHUNK_TOKENS),
     )  # fmt: skip
     harvest_tokens: int = _n(

@@ -57,7 +57,7 @@ class ChunkGrid:
         batch = n_batch if within else min(n_batch, config.chunk_tokens)
         protected = (config.sink_blocks + config.recent_blocks + 1) * bt
         chunk = _aligned(max(1, min(batch, capacity - protected)), bt)
-        if chunk < bt and n_ctx is not None and n_ctx <= config.budget:
+        if chunk < bt and within:
             chunk = _largest_whole_context_chunk(batch, capacity, n_ctx, bt, chunk)
         return cls(chunk, max(chunk, bt), n_ubatch)
 
