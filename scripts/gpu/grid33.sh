@@ -53,6 +53,8 @@ declare -A FLAGS=(
   [b768-s3840]="-b 768 --kvmem-stream-tokens 3840"
   [b512-s4096]="-b 512 --kvmem-stream-tokens 4096"
   [b1024-s3584-b64]="-b 1024 --kvmem-stream-tokens $S --kvmem-block-tokens 64"
+  [nb1]="--kvmem-neighbor-blocks 1"
+  [rerank]="--kvmem-rank rerank"
 )
 # VARIANTS (space-separated names of FLAGS; the first writes the fidelity reference). Since
 # lexical fusion became the default (session 16), default = fuse and b64-s3584 = b64-s3584-fuse.

@@ -131,6 +131,11 @@ class KVMemConfig:
     block_tokens: int = _n(128, "--kvmem-block-tokens", "tokens per block")
     sink_blocks: int = _n(1, "--kvmem-sink-blocks", "blocks at the start always kept")
     recent_blocks: int = _n(2, "--kvmem-recent-blocks", "most recent blocks always kept")
+    neighbor_blocks: int = _n(
+        0, "--kvmem-neighbor-blocks",
+        "retrieval: each retrieved block brings the candidate blocks up to N on either side "
+        "of it, ahead of the next by score (0 = blocks by score alone)",
+    )  # fmt: skip
     method: RetrievalMethod = setting(
         RetrievalMethod.RETRIEVAL, "--kvmem-method", help="block selection", **_KVMEM
     )
@@ -303,6 +308,10 @@ class KVMemConfig:
             raise ConfigError("--kvmem-sink-blocks", f"must be >= 0, got {self.sink_blocks}")
         if self.recent_blocks < 1:
             raise ConfigError("--kvmem-recent-blocks", f"must be >= 1, got {self.recent_blocks}")
+        if self.neighbor_blocks < 0:
+            raise ConfigError(
+                "--kvmem-neighbor-blocks", f"must be >= 0, got {self.neighbor_blocks}"
+            )
         floor = (self.sink_blocks + self.recent_blocks) * self.block_tokens
         if self.budget < floor:
             raise ConfigError(

@@ -72,6 +72,29 @@ def test_agent_loop_tiers_then_retrieval_by_score() -> None:
     assert plan.stage_in == (3, 4, 7, 12, 16, 17, 18)
 
 
+@pytest.mark.parametrize(
+    ("reach", "retrieved"), [(0, (7, 9, 10, 12, 15)), (1, (6, 7, 8, 12, 13)), (2, (5, 6, 7, 8, 9))]
+)
+def test_neighbor_blocks_follow_each_retrieved_block(reach: int, retrieved: tuple) -> None:
+    # the loop above with 14 slots: 5 by score, and 7's neighbours (8, then 6) before 12
+    request = WindowRequest(n_complete=20, open_tokens=1, spans=AGENT)
+    scores = {b: 0.0 for b in range(20)} | {7: 0.9, 12: 0.8, 9: 0.7, 10: 0.1}
+    plan = plan_window(_config(60, neighbor_blocks=reach), request, on_gpu=[], scores=scores)
+    assert plan.retrieved == retrieved
+    assert plan.selected == tuple(sorted((0, 1, 2, 3, 4, 16, 17, 18, 19, *retrieved)))
+
+
+def test_neighbors_skip_pinned_blocks_and_recency_ignores_them() -> None:
+    request = WindowRequest(n_complete=20, open_tokens=1, spans=AGENT)
+    scores = {b: 0.0 for b in range(20)} | {15: 0.9, 5: 0.8}  # 16 is the trajectory's
+    plan = plan_window(_config(52, neighbor_blocks=1), request, on_gpu=[], scores=scores)
+    assert plan.retrieved == (5, 14, 15)  # 15 brings 14 (16 is pinned), then 5
+    plan = plan_window(_config(52, REC, neighbor_blocks=1), request, on_gpu=[], scores=scores)
+    assert plan.retrieved == (13, 14, 15)
+    with pytest.raises(MemoryLayoutError):
+        _config(neighbor_blocks=-1)
+
+
 def test_control_text_longer_than_its_bound_keeps_its_newest_blocks() -> None:
     spans = PromptSpans(control=TokenSpan(0, 30), query=TokenSpan(30, 34))
     request = WindowRequest(n_complete=20, open_tokens=0, spans=spans)
@@ -194,6 +217,13 @@ def _reference(
                     best = b
             order.append(best)
             rest.remove(best)
+        expanded: list[int] = []  # each block, then its neighbours: b+1, b-1, b+2, ...
+        for b in order:
+            near = [b]
+            for d in range(1, config.neighbor_blocks + 1):
+                near += [b + d, b - d]
+            expanded += [x for x in near if x in order and x not in expanded]
+        order = expanded
     take(order, n)
     return tuple(sorted(chosen))
 
@@ -217,6 +247,7 @@ def test_random_plans_match_reference() -> None:
             control_tokens=rng.randint(0, 20),
             query_tokens=rng.randint(0, 20),
             trajectory_tokens=rng.randint(0, 40),
+            neighbor_blocks=rng.choice([0, 0, 1, 2]),
         )
         n = rng.randint(0, 40)
         spans = PromptSpans(*(_span(rng, n * BT + 3) for _ in range(3)))

@@ -259,6 +259,7 @@ def test_gpu_layers_and_flash_attn_values() -> None:
         (["--kvmem-gen-reserve", "64"], "--kvmem-gen-reserve"),
         (["--kvmem-sink-blocks", "-1"], "--kvmem-sink-blocks"),
         (["--kvmem-recent-blocks", "x"], "--kvmem-recent-blocks"),
+        (["--kvmem-neighbor-blocks", "-1"], "--kvmem-neighbor-blocks"),
         (["--kvmem-method", "bogus"], "--kvmem-method"),
         (["--kvmem-query-replay", "maybe"], "--kvmem-query-replay"),
         (["--kvmem-score-mode", "max"], "--kvmem-score-mode"),
@@ -346,6 +347,8 @@ def test_retrieval_flags_reach_the_kvmem_config() -> None:
     assert load().engine.kvmem.lexical_max_df == 0.05
     assert load("--kvmem-lexical-max-df", "0.1").engine.kvmem.lexical_max_df == 0.1
     assert load().engine.kvmem.cell_order is CellOrder.FREE
+    assert load().engine.kvmem.neighbor_blocks == 0
+    assert load("--kvmem-neighbor-blocks", "1").engine.kvmem.neighbor_blocks == 1
     assert load("--kvmem-cell-order", "canonical").engine.kvmem.cell_order is CellOrder.CANONICAL
     assert load("--kvmem-harvest-tokens", "8192").engine.kvmem.harvest_tokens == 8192
     assert load().engine.kvmem.chunk_tokens == 512 and load().engine.kvmem.stream_tokens == -1

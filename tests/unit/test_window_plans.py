@@ -14,6 +14,7 @@ from kvmem.engine.session.window_plans import (
     plan_cut,
     plan_room_for,
     plan_stream,
+    planner_config,
 )
 from kvmem.errors import KVTransferError
 from kvmem.memory.block_table import BlockTable
@@ -150,3 +151,9 @@ def test_replay_cut_refuses_a_moved_block_at_or_after_it() -> None:
     table = _table(164, gpu=[0, 1, 9, 10])
     with pytest.raises(KVTransferError, match="a moved block holds cells at or after 40"):
         plan_cut(table, {1: 32}, 40, keep_window=True)
+
+
+def test_planner_config_carries_the_retrieval_settings() -> None:
+    config = planner_config(KVMemConfig(block_tokens=BT, budget=64, neighbor_blocks=2))
+    assert (config.neighbor_blocks, config.budget_tokens, config.block_tokens) == (2, 64, BT)
+    assert planner_config(CONFIG).neighbor_blocks == 0

@@ -13,7 +13,9 @@ The budget is filled in tier order, each tier bounded:
    results), its newest `trajectory_tokens`;
 6. ``image``: the latest image's blocks (`keep_latest_image`);
 7. ``forced``: blocks a caller forces in (the oracle diagnostic);
-8. ``retrieved``: every slot left, by score (or by recency for the baseline).
+8. ``retrieved``: every slot left, by score (or by recency for the baseline); with
+   `neighbor_blocks` N, each ranked block brings the candidates up to N blocks on either
+   side of it right after itself (the nearest first, the later one before the earlier).
 
 A tier that does not fit keeps its newest blocks; the rest are `unpinned` (they stay
 retrieval candidates) and the window traces them. When every block fits, all are held.
@@ -66,6 +68,7 @@ class PlannerConfig:
     trajectory_tokens: int = 0  # bound of the trajectory tier
     stream_tokens: int = 0  # newest tokens a prefill chunk sees (besides sink and control)
     keep_latest_image: bool = True  # the image tier: the latest image group is pinned
+    neighbor_blocks: int = 0  # candidates on either side a retrieved block brings along
 
     def __post_init__(self) -> None:
         if self.block_tokens <= 0 or self.budget_tokens < 0:
@@ -77,6 +80,8 @@ class PlannerConfig:
             < 0
         ):
             raise MemoryLayoutError(f"invalid tier bounds {self}")
+        if self.neighbor_blocks < 0:
+            raise MemoryLayoutError(f"invalid neighbour count {self}")
 
     @property
     def stream_blocks(self) -> int:
@@ -315,7 +320,24 @@ def _rank(
 ) -> list[int]:
     if config.method is RetrievalMethod.RECENCY or scores is None:
         return sorted(middle, reverse=True)
-    return sorted(middle, key=lambda b: (-_score(scores, b), -b))
+    by_score = sorted(middle, key=lambda b: (-_score(scores, b), -b))
+    return with_neighbors(by_score, config.neighbor_blocks)
+
+
+def with_neighbors(ranked: list[int], reach: int) -> list[int]:
+    """`ranked` with each block followed by the candidates within `reach` blocks of it
+    (b + 1, b - 1, b + 2, ...) not placed yet: a permutation of `ranked`."""
+    if reach == 0:
+        return ranked
+    left = set(ranked)
+    out: list[int] = []
+    for b in ranked:
+        near = (b + d * side for d in range(1, reach + 1) for side in (1, -1))
+        for x in (b, *near):
+            if x in left:
+                left.discard(x)
+                out.append(x)
+    return out
 
 
 def _score(scores: Mapping[int, float], block_id: int) -> float:

@@ -75,6 +75,7 @@ def kvmem_body(settings: ServerSettings, n_ctx: int) -> dict[str, Any]:
         "gen_reserve": kv.gen_reserve,
         "sink_blocks": kv.sink_blocks,
         "recent_blocks": kv.recent_blocks,
+        "neighbor_blocks": kv.neighbor_blocks,
         "method": kv.method.value,
         "query_replay": kv.query_replay.value,
         "query_policy": kv.query_policy.value,

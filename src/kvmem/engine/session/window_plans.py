@@ -32,6 +32,7 @@ def planner_config(config: KVMemConfig, method: RetrievalMethod | None = None) -
         query_tokens=bounds["query"],
         trajectory_tokens=bounds["trajectory"],
         stream_tokens=bounds["stream"],
+        neighbor_blocks=config.neighbor_blocks,
     )
 
 
