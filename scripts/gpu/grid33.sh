@@ -55,6 +55,7 @@ declare -A FLAGS=(
   [b1024-s3584-b64]="-b 1024 --kvmem-stream-tokens $S --kvmem-block-tokens 64"
   [nb1]="--kvmem-neighbor-blocks 1"
   [rerank]="--kvmem-rank rerank"
+  [compact]="--kvmem-positions compact"
 )
 # VARIANTS (space-separated names of FLAGS; the first writes the fidelity reference). Since
 # lexical fusion became the default (session 16), default = fuse and b64-s3584 = b64-s3584-fuse.

@@ -89,6 +89,23 @@ def test_gather_moves_retrieved_blocks_next_to_the_tail(engines):
     assert min(session.window.moved.values()) == positions[head * BT]
 
 
+def test_compact_lays_the_whole_window_in_contiguous_positions(engines):
+    engine = engines[PositionMode.COMPACT]
+    _long_turn(engine, seed=21)
+    session = engine.session
+    plan = session.last_plan
+    assert plan is not None and plan.retrieved and plan.sink == (0,)
+    layout = window_layout(
+        set(plan.selected), session.table.n_complete_blocks, BT, PositionMode.COMPACT
+    )
+    assert {b: session.window.start(b) for b in session.table.gpu_blocks()} == layout
+    assert session.window.moved[0] == layout[0] > 0  # the sink left position 0
+    positions = context_positions(session)
+    assert positions == expected_positions(session)
+    n = session.table.n_tokens
+    assert positions == list(range(n - len(positions), n))  # no gap, ending at the tail
+
+
 def test_original_mode_never_moves_a_block(engines):
     engine = engines[PositionMode.ORIGINAL]
     _long_turn(engine, seed=21)
@@ -98,8 +115,9 @@ def test_original_mode_never_moves_a_block(engines):
     assert session.last_plan.retrieved
 
 
-def test_next_turns_relayout_and_an_edit_releases_moved_blocks(engines):
-    engine = engines[PositionMode.GATHER]
+@pytest.mark.parametrize("mode", [PositionMode.GATHER, PositionMode.COMPACT])
+def test_next_turns_relayout_and_an_edit_releases_moved_blocks(engines, mode):
+    engine = engines[mode]
     engine.reset()
     base = filler_tokens(engine, 30 * BT, seed=22)
     turn1 = base[: 18 * BT + 30]
@@ -128,10 +146,11 @@ def test_next_turns_relayout_and_an_edit_releases_moved_blocks(engines):
     assert session.table.tokens[: len(edited)] == edited
 
 
-def test_a_short_prompt_after_a_gathered_turn_keeps_only_the_open_block(engines):
+@pytest.mark.parametrize("mode", [PositionMode.GATHER, PositionMode.COMPACT])
+def test_a_short_prompt_after_a_gathered_turn_keeps_only_the_open_block(engines, mode):
     """A new conversation sharing 24 tokens: the cut block 0 stays open (and flagged on the
     GPU) while the reselection lays out no complete block at all."""
-    engine = engines[PositionMode.GATHER]
+    engine = engines[mode]
     tokens = _long_turn(engine, seed=24)
     assert engine.session.window.moved
     short = tokens[:24] + filler_tokens(engine, 80, seed=25)[1:]
@@ -150,3 +169,4 @@ def test_gather_and_original_agree_when_everything_fits(engines):
         logits[mode] = engine.teacher_force(tokens, tokens[-3:], query=TokenSpan(600, 660))
         assert engine.session.window.moved == {}
     assert np.array_equal(logits[PositionMode.GATHER], logits[PositionMode.ORIGINAL])
+    assert np.array_equal(logits[PositionMode.COMPACT], logits[PositionMode.ORIGINAL])

@@ -18,14 +18,18 @@ from kvmem.memory.layout import (
 BT = 128
 
 
-def reference_layout(selected: set[int], n_complete: int) -> dict[int, int]:
-    """Plain version: the runs at both ends stay, the rest packs below the tail run."""
+def reference_layout(
+    selected: set[int], n_complete: int, sink: int | None = None
+) -> dict[int, int]:
+    """Plain version: the runs at both ends stay, the rest packs below the tail run
+    (`sink` 0: the leading run packs too)."""
     run = n_complete
     while run - 1 in selected:
         run -= 1
-    sink = 0
-    while sink in selected and sink < run:
-        sink += 1
+    if sink is None:
+        sink = 0
+        while sink in selected and sink < run:
+            sink += 1
     out = {b: b * BT for b in selected if b < sink or b >= run}
     slot = run - 1
     for b in sorted((b for b in selected if sink <= b < run), reverse=True):
@@ -141,3 +145,22 @@ def test_relayouts_between_random_windows_never_collide() -> None:
         current = {b: now[b] for b in kept}
         moves = move_order(current, {b: target[b] for b in kept}, BT)
         assert simulate(current, moves) == {b: target[b] for b in kept}
+
+
+def test_compact_moves_the_leading_run_too() -> None:
+    # sink 0 and control 1-2, retrieved 5, tail run 9: one run of 5 blocks ending at 10
+    starts = window_layout({0, 1, 2, 5, 9}, 10, BT, PositionMode.COMPACT)
+    assert starts == {0: 5 * BT, 1: 6 * BT, 2: 7 * BT, 5: 8 * BT, 9: 9 * BT}
+    assert window_layout(set(range(12)), 12, BT, PositionMode.COMPACT) == {
+        b: b * BT for b in range(12)
+    }
+
+
+def test_compact_matches_the_reference_on_random_windows() -> None:
+    rng = random.Random(4)
+    for _ in range(300):
+        n = rng.randint(1, 60)
+        selected = set(rng.sample(range(n), rng.randint(0, n)))
+        got = window_layout(selected, n, BT, PositionMode.COMPACT)
+        assert got == reference_layout(selected, n, sink=0)
+        assert sorted(got.values()) == [p * BT for p in range(n - len(selected), n)]

@@ -263,7 +263,7 @@ def test_gpu_layers_and_flash_attn_values() -> None:
         (["--kvmem-method", "bogus"], "--kvmem-method"),
         (["--kvmem-query-replay", "maybe"], "--kvmem-query-replay"),
         (["--kvmem-score-mode", "max"], "--kvmem-score-mode"),
-        (["--kvmem-positions", "compact"], "--kvmem-positions"),
+        (["--kvmem-positions", "packed"], "--kvmem-positions"),
         (["--kvmem-cell-order", "sorted"], "--kvmem-cell-order"),
         (["--kvmem-rank", "oracle"], "--kvmem-rank"),
         (["--kvmem-stream-cap", "-1"], "--kvmem-stream-cap"),
@@ -339,6 +339,7 @@ def test_retrieval_flags_reach_the_kvmem_config() -> None:
     assert load().engine.kvmem.positions is PositionMode.GATHER
     s = load("--kvmem-positions", "original", "--kvmem-score-mode", "mean")
     assert s.engine.kvmem.positions is PositionMode.ORIGINAL
+    assert load("--kvmem-positions", "compact").engine.kvmem.positions is PositionMode.COMPACT
     assert s.engine.kvmem.score_mode is ScoreMode.MEAN_KEY
     assert load().engine.kvmem.rank is RankMode.SUMMARY and load().engine.kvmem.stream_cap == 0
     s = load("--kvmem-rank", "rerank", "--kvmem-stream-cap", "640")

@@ -7,8 +7,11 @@ sink and the control text after it) and the run that ends at the open tail where
 are, and moves every other selected block (in chronological order) to the positions
 right before the tail run, so that retrieved text sits next to the query as it
 would in a short context; the distance between the query and a retrieved block is then
-bounded by the window instead of the history. Blocks never swap order, and no position is
-held by two blocks. The engine moves the cells; this module only says where they go.
+bounded by the window instead of the history. `PositionMode.COMPACT` moves the leading run
+too, so that the whole window holds contiguous positions ending at the open tail, as
+StreamingLLM lays out its cache: the sink is then as near the query as in a short context.
+Blocks never swap order, and no position is held by two blocks. The engine moves the
+cells; this module only says where they go.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from kvmem.errors import MemoryLayoutError
 class PositionMode(Enum):
     ORIGINAL = "original"
     GATHER = "gather"
+    COMPACT = "compact"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +69,7 @@ def window_layout(
     if mode is PositionMode.ORIGINAL:
         return own
     run = tail_run_start(selected, n_complete)
-    head = min(head_run_end(selected), run)
+    head = 0 if mode is PositionMode.COMPACT else min(head_run_end(selected), run)
     movable = sorted(b for b in selected if head <= b < run)
     first = run - len(movable)
     for i, b in enumerate(movable):
