@@ -159,10 +159,11 @@ class KVMemConfig:
         0, "--kvmem-score-threads", "threads that score a reselection (0 = one per CPU, at most 16)"
     )
     positions: PositionMode = setting(
-        PositionMode.COMPACT, "--kvmem-positions",
+        PositionMode.GATHER, "--kvmem-positions",
         help="where retrieved blocks sit in the window: gather (right before the recent "
         "blocks, in order), compact (gather, and the sink and control text too: the window's "
-        "positions are contiguous) or original (their own positions, with gaps)", **_KVMEM,
+        "positions are contiguous; a warm turn can differ from a cold one unless "
+        "--kvmem-cell-order canonical) or original (their own positions, with gaps)", **_KVMEM,
     )  # fmt: skip
     cell_order: CellOrder = setting(
         CellOrder.FREE, "--kvmem-cell-order",
