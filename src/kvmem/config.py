@@ -162,8 +162,7 @@ class KVMemConfig:
         PositionMode.GATHER, "--kvmem-positions",
         help="where retrieved blocks sit in the window: gather (right before the recent "
         "blocks, in order), compact (gather, and the sink and control text too: the window's "
-        "positions are contiguous; a warm turn can differ from a cold one unless "
-        "--kvmem-cell-order canonical) or original (their own positions, with gaps)", **_KVMEM,
+        "positions are contiguous; float K caches only) or original (their own positions, with gaps)", **_KVMEM,
     )  # fmt: skip
     cell_order: CellOrder = setting(
         CellOrder.FREE, "--kvmem-cell-order",

@@ -13,6 +13,7 @@ from kvmem.config import KVCacheTypes, KVMemConfig
 from kvmem.errors import ConfigError
 from kvmem.gguf.model_path import resolve_model_path
 from kvmem.gguf.nextn_meta import check_mtp_head
+from kvmem.memory.layout import PositionMode
 from kvmem.settings.rpc_endpoints import RpcEndpoint
 from kvmem.spec_config import SpecConfig
 
@@ -86,3 +87,10 @@ class EngineSettings:
             check_mtp_head(resolve_model_path(self.model_path))
         if self.cache_types.v.is_quantized and not self.flash_attn:
             raise ConfigError("-ctv", "a quantized V cache needs flash attention (-fa on)")
+        compact = self.kvmem.enabled and self.kvmem.positions is PositionMode.COMPACT
+        if compact and self.cache_types.k.is_quantized:  # docs/benchmarks.md, GPU session 19
+            raise ConfigError(
+                "--kvmem-positions",
+                "compact needs a float K cache (f16, f32): with a quantized one llama.cpp's "
+                "decode crashes after the sink is shifted; use gather",
+            )

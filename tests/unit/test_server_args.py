@@ -265,6 +265,7 @@ def test_gpu_layers_and_flash_attn_values() -> None:
         (["--kvmem-score-mode", "max"], "--kvmem-score-mode"),
         (["--kvmem-positions", "packed"], "--kvmem-positions"),
         (["--kvmem-cell-order", "sorted"], "--kvmem-cell-order"),
+        (["--kvmem-positions", "compact", "--kv-dtype", "q8_0", "-fa", "on"], "--kvmem-positions"),
         (["--kvmem-rank", "oracle"], "--kvmem-rank"),
         (["--kvmem-stream-cap", "-1"], "--kvmem-stream-cap"),
         (["--kvmem-harvest-tokens", "-1"], "--kvmem-harvest-tokens"),
