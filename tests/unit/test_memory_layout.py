@@ -76,7 +76,7 @@ def test_layout_rejects_blocks_out_of_range() -> None:
 
 
 @pytest.mark.parametrize(("mode", "sink"), [(PositionMode.GATHER, None), (PositionMode.COMPACT, 0)])
-def test_gather_matches_the_reference_on_random_windows(mode: PositionMode, sink) -> None:
+def test_layout_matches_the_reference_on_random_windows(mode: PositionMode, sink) -> None:
     rng = random.Random(3)
     for _ in range(300):
         n = rng.randint(1, 60)
