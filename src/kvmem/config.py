@@ -162,7 +162,8 @@ class KVMemConfig:
         PositionMode.GATHER, "--kvmem-positions",
         help="where retrieved blocks sit in the window: gather (right before the recent "
         "blocks, in order), compact (gather, and the sink and control text too: the window's "
-        "positions are contiguous; float K caches only) or original (their own positions, with gaps)", **_KVMEM,
+        "positions are contiguous) or original (their own positions, with gaps; needed with a "
+        "quantized K cache whose head size is not a multiple of 64)", **_KVMEM,
     )  # fmt: skip
     cell_order: CellOrder = setting(
         CellOrder.FREE, "--kvmem-cell-order",

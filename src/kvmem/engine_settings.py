@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from kvmem.config import KVCacheTypes, KVMemConfig
 from kvmem.errors import ConfigError
+from kvmem.gguf.k_shift_meta import check_quantized_k_shift
 from kvmem.gguf.model_path import resolve_model_path
 from kvmem.gguf.nextn_meta import check_mtp_head
 from kvmem.memory.layout import PositionMode
@@ -87,10 +88,6 @@ class EngineSettings:
             check_mtp_head(resolve_model_path(self.model_path))
         if self.cache_types.v.is_quantized and not self.flash_attn:
             raise ConfigError("-ctv", "a quantized V cache needs flash attention (-fa on)")
-        compact = self.kvmem.enabled and self.kvmem.positions is PositionMode.COMPACT
-        if compact and self.cache_types.k.is_quantized:  # docs/benchmarks.md, GPU session 19
-            raise ConfigError(
-                "--kvmem-positions",
-                "compact needs a float K cache (f16, f32): with a quantized one llama.cpp's "
-                "decode crashes after the sink is shifted; use gather",
-            )
+        moves = self.kvmem.enabled and self.kvmem.positions is not PositionMode.ORIGINAL
+        if moves and self.cache_types.k.is_quantized:  # gguf/k_shift_meta.py says why
+            check_quantized_k_shift(resolve_model_path(self.model_path), self.kvmem.positions)

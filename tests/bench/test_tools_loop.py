@@ -27,7 +27,8 @@ def test_tool_loop_report_on_a_tiny_synthetic_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model = tmp_path / "tiny.gguf"
-    shape = ModelShape(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=128, n_ctx_train=4096)
+    # a K head of 64: llama.cpp shifts a q8_0 K cache only then (gguf/k_shift_meta.py)
+    shape = ModelShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=128, n_ctx_train=4096)
     write_synthetic_model(model, shape, WeightType.Q8_0, seed=0, threads=2)
     server = start_server(["-m", str(model), *SERVER_ARGS], tmp_path)
     try:

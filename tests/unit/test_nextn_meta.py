@@ -6,29 +6,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gguf import GGUFWriter
 
 from kvmem.errors import ConfigError
 from kvmem.gguf.nextn_meta import check_mtp_head, nextn_layers
+from tests.unit.gguf_headers import header_gguf
 
 
-def _gguf(path: Path, arch: str, nextn: int | None) -> Path:
-    writer = GGUFWriter(str(path), arch)
-    writer.add_block_count(2)
-    writer.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])  # skipped by the scan
-    if nextn is not None:
-        writer.add_uint32(f"{arch}.nextn_predict_layers", nextn)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+def _gguf(path: Path, arch: str, nextn: int | None) -> str:
+    ints = (
+        {"block_count": 2} if nextn is None else {"block_count": 2, "nextn_predict_layers": nextn}
+    )
+    return header_gguf(path, arch, ints)
 
 
 def test_a_qwen35_with_a_nextn_layer_passes(tmp_path: Path) -> None:
     path = _gguf(tmp_path / "m.gguf", "qwen35", 1)
-    assert nextn_layers(str(path)) == ("qwen35", 1)
-    check_mtp_head(str(path))
+    assert nextn_layers(path) == ("qwen35", 1)
+    check_mtp_head(path)
 
 
 @pytest.mark.parametrize(
@@ -42,7 +36,7 @@ def test_a_qwen35_with_a_nextn_layer_passes(tmp_path: Path) -> None:
 def test_refused(tmp_path: Path, arch: str, nextn: int | None, message: str) -> None:
     path = _gguf(tmp_path / "m.gguf", arch, nextn)
     with pytest.raises(ConfigError, match="--spec-type") as err:
-        check_mtp_head(str(path))
+        check_mtp_head(path)
     assert message in str(err.value)
 
 
@@ -50,4 +44,4 @@ def test_not_a_gguf(tmp_path: Path) -> None:
     path = tmp_path / "x.gguf"
     path.write_bytes(b"nope")
     with pytest.raises(ConfigError, match="is not a readable GGUF file"):
-        check_mtp_head(str(path))
+        check_mtp_head(path)

@@ -18,6 +18,7 @@ from kvmem.memory.layout import PositionMode
 from kvmem.memory.scorer import ScoreMode
 from kvmem.sampling import SamplingParams
 from kvmem.server.settings import ServerSettings, Source
+from tests.unit.gguf_headers import header_gguf
 
 
 def load(*argv: str, env: dict[str, str] | None = None) -> ServerSettings:
@@ -26,9 +27,8 @@ def load(*argv: str, env: dict[str, str] | None = None) -> ServerSettings:
 
 @pytest.fixture()
 def gguf(tmp_path: Path) -> str:
-    path = tmp_path / "tiny-model.gguf"
-    path.write_bytes(b"GGUF" + bytes(60))
-    return str(path)
+    # a K head of 64: the quantized K cache some tests ask for can shift (k_shift_meta)
+    return header_gguf(tmp_path / "tiny-model.gguf", "llama", {"attention.key_length": 64})
 
 
 def test_defaults() -> None:
@@ -265,7 +265,6 @@ def test_gpu_layers_and_flash_attn_values() -> None:
         (["--kvmem-score-mode", "max"], "--kvmem-score-mode"),
         (["--kvmem-positions", "packed"], "--kvmem-positions"),
         (["--kvmem-cell-order", "sorted"], "--kvmem-cell-order"),
-        (["--kvmem-positions", "compact", "--kv-dtype", "q8_0", "-fa", "on"], "--kvmem-positions"),
         (["--kvmem-rank", "oracle"], "--kvmem-rank"),
         (["--kvmem-stream-cap", "-1"], "--kvmem-stream-cap"),
         (["--kvmem-harvest-tokens", "-1"], "--kvmem-harvest-tokens"),
@@ -306,8 +305,12 @@ def test_file_checks(tmp_path: Path, gguf: str) -> None:
     assert (s.chat_template, s.chat_template_origin) == (good.read_text(), str(good))
     with pytest.raises(ConfigError, match="either --chat-template or --chat-template-file"):
         load("--chat-template", "chatml", "--chat-template-file", str(good))
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(b"GGUF" + bytes(60))
     with pytest.raises(ConfigError, match="--mmproj: .* is not a readable GGUF file"):
-        load("--mmproj", gguf)  # the projector itself: tests/unit/test_vision_flags.py
+        load("--mmproj", str(truncated))  # the projector itself: tests/unit/test_vision_flags.py
+    with pytest.raises(ConfigError, match="--mmproj: .* is not a multimodal projector"):
+        load("--mmproj", gguf)
 
 
 def test_thinking_flags_become_template_defaults() -> None:
