@@ -159,7 +159,7 @@ class KVMemConfig:
         0, "--kvmem-score-threads", "threads that score a reselection (0 = one per CPU, at most 16)"
     )
     positions: PositionMode = setting(
-        PositionMode.GATHER, "--kvmem-positions",
+        PositionMode.COMPACT, "--kvmem-positions",
         help="where retrieved blocks sit in the window: gather (right before the recent "
         "blocks, in order), compact (gather, and the sink and control text too: the window's "
         "positions are contiguous) or original (their own positions, with gaps; needed with a "

@@ -55,7 +55,7 @@ def test_models_and_props(client: TestClient) -> None:
     assert props["default_generation_settings"]["n_ctx"] == 4096
     assert props["model_path"] == "/models/fake-model.gguf"
     assert props["kvmem"]["budget"] == 32768
-    assert (props["kvmem"]["score_mode"], props["kvmem"]["positions"]) == ("bound", "gather")
+    assert (props["kvmem"]["score_mode"], props["kvmem"]["positions"]) == ("bound", "compact")
     assert props["kvmem"]["neighbor_blocks"] == 0
     assert props["auth"] == {"enabled": False}
     assert "<|im_start|>" in props["chat_template"]

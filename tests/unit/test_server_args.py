@@ -340,7 +340,7 @@ def test_ubatch_larger_than_batch_is_clamped_with_a_warning() -> None:
 
 
 def test_retrieval_flags_reach_the_kvmem_config() -> None:
-    assert load().engine.kvmem.positions is PositionMode.GATHER
+    assert load().engine.kvmem.positions is PositionMode.COMPACT
     s = load("--kvmem-positions", "original", "--kvmem-score-mode", "mean")
     assert s.engine.kvmem.positions is PositionMode.ORIGINAL
     assert load("--kvmem-positions", "compact").engine.kvmem.positions is PositionMode.COMPACT
