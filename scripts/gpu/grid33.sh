@@ -56,9 +56,11 @@ declare -A FLAGS=(
   [nb1]="--kvmem-neighbor-blocks 1"
   [rerank]="--kvmem-rank rerank"
   [compact]="--kvmem-positions compact"
+  [gather]="--kvmem-positions gather"
 )
 # VARIANTS (space-separated names of FLAGS; the first writes the fidelity reference). Since
-# lexical fusion became the default (session 16), default = fuse and b64-s3584 = b64-s3584-fuse.
+# lexical fusion became the default (session 16), default = fuse and b64-s3584 = b64-s3584-fuse;
+# since session 20 default = compact, and gather is session 19's default.
 read -r -a VARIANTS <<<"${VARIANTS:-default s3584 b64-s3584}"
 
 is_done() {
