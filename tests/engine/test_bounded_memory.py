@@ -60,10 +60,13 @@ def test_long_prompt_and_generation_stay_in_budget(bounded):
     open_tail = set(range(n // bt * bt, n))
     assert open_tail <= set(cells.tolist())
     assert stored + len(open_tail) == n
-    # positions on the GPU are exactly the window: sink + selected blocks + tail
+    # positions on the GPU are exactly the window: sink + selected blocks + tail, where the
+    # layout put them (compact, the default: contiguous, ending at the open tail)
     gpu = set(cells.tolist())
     for b in session.table.gpu_blocks():
-        assert set(range(b * bt, (b + 1) * bt)) <= gpu
-    assert 0 in gpu  # the sink block
+        start = session.window.start(b)
+        assert set(range(start, start + bt)) <= gpu
+    assert 0 in session.table.gpu_blocks()  # the sink block
+    assert sorted(gpu) == list(range(n - len(cells), n))
     records = trace.getvalue()
     assert "KVMEM_STREAM" in records and "KVMEM_RESELECT" in records
