@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gguf
 import pytest
 
 from kvmem.errors import ConfigError
@@ -15,6 +14,7 @@ from kvmem.gguf.kv_size import GIB, parse_size, read_kv_geometry
 from kvmem.launch.main import main
 from kvmem.launch.recipe import load_recipe, recipe_names
 from kvmem.memory.ggml_types import GgmlType
+from tests.unit.gguf_headers import header_gguf
 
 SERVER = [sys.executable, "-m", "kvmem.server.main"]
 
@@ -31,14 +31,7 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def write_header(path: Path, arch: str, **kv: int) -> Path:
     """A GGUF file with only the hyperparameters (no tensors)."""
-    w = gguf.GGUFWriter(str(path), arch)
-    for key, value in kv.items():
-        w.add_uint32(f"{arch}.{key}", value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return Path(header_gguf(path, arch, kv))
 
 
 @pytest.fixture()
