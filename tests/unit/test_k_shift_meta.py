@@ -10,7 +10,8 @@ import pytest
 
 from kvmem.cli.server_config import load_server_settings
 from kvmem.errors import ConfigError
-from kvmem.gguf.k_shift_meta import check_quantized_k_shift, key_head_size, rotation_disabled
+from kvmem.gguf.k_shift_meta import check_quantized_k_shift, rotation_disabled
+from kvmem.gguf.kv_size import read_kv_geometry
 from kvmem.memory.layout import PositionMode
 from tests.unit.gguf_headers import header_gguf
 
@@ -18,7 +19,7 @@ QUANTIZED = ("--kv-dtype", "q8_0", "-fa", "on")
 
 
 def _gguf(path: Path, *, key_length: int | None, n_embd: int = 256, n_head: int = 4) -> str:
-    ints = {"embedding_length": n_embd, "attention.head_count": n_head}
+    ints = {"block_count": 2, "embedding_length": n_embd, "attention.head_count": n_head}
     if key_length is not None:
         ints["attention.key_length"] = key_length
     return header_gguf(path, "llama", ints)
@@ -32,7 +33,7 @@ def test_the_head_size_is_the_key_length_else_the_embedding_per_head(
     tmp_path: Path, key_length: int | None, n_embd: int, n_head: int, head: int
 ) -> None:
     path = _gguf(tmp_path / "m.gguf", key_length=key_length, n_embd=n_embd, n_head=n_head)
-    assert key_head_size(path) == head
+    assert read_kv_geometry(path).head_dim_k == head  # what the check reads
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,8 @@ def load(*argv: str, env: dict[str, str] | None = None) -> ServerSettings:
 @pytest.fixture()
 def gguf(tmp_path: Path) -> str:
     # a K head of 64: the quantized K cache some tests ask for can shift (k_shift_meta)
-    return header_gguf(tmp_path / "tiny-model.gguf", "llama", {"attention.key_length": 64})
+    shape = {"block_count": 2, "embedding_length": 256, "attention.head_count": 4}
+    return header_gguf(tmp_path / "tiny-model.gguf", "llama", {**shape, "attention.key_length": 64})
 
 
 def test_defaults() -> None:

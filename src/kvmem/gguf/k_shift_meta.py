@@ -15,22 +15,11 @@ from __future__ import annotations
 import os
 
 from kvmem.errors import ConfigError
-from kvmem.gguf.mmproj_meta import arch_scalar
+from kvmem.gguf.kv_size import read_kv_geometry
 from kvmem.memory.layout import PositionMode
 
 ROTATION_MULTIPLE = 64  # llama.cpp builds the K rotation only for head sizes of this multiple
 ROTATION_ENV = "LLAMA_ATTN_ROT_DISABLE"
-
-
-def key_head_size(path: str) -> int | None:
-    """The K head size of the GGUF at `path`: `<arch>.attention.key_length`, else
-    embedding_length / head_count; None where the header has neither."""
-    _, key_length = arch_scalar(path, "-m", "attention.key_length")
-    if key_length:
-        return key_length
-    _, n_embd = arch_scalar(path, "-m", "embedding_length")
-    _, n_head = arch_scalar(path, "-m", "attention.head_count")  # None when per layer
-    return n_embd // n_head if n_embd and n_head else None
 
 
 def rotation_disabled() -> bool:
@@ -42,13 +31,10 @@ def rotation_disabled() -> bool:
 def check_quantized_k_shift(path: str, positions: PositionMode) -> None:
     """ConfigError naming --kvmem-positions unless llama.cpp can shift a quantized K cache
     of the model at `path` (only called for a quantized K cache and a mode that moves)."""
-    head = key_head_size(path)
     why = None
     if rotation_disabled():
         why = f"{ROTATION_ENV} is set"
-    elif head is None:
-        why = "the model's K head size is not in its metadata"
-    elif head % ROTATION_MULTIPLE:
+    elif (head := read_kv_geometry(path).head_dim_k) % ROTATION_MULTIPLE:
         why = f"this model's K head size is {head}, not a multiple of {ROTATION_MULTIPLE}"
     if why is not None:
         raise ConfigError(
