@@ -12,10 +12,11 @@ from kvmem.config import KVMemConfig
 from kvmem.engine.llama.host_staging import StagingBuffer
 from kvmem.engine.llama.llama_lib import host_buffer_allocator
 from kvmem.engine.trace import TurnStats
+from kvmem.engine.transfer.restore_ahead import RestoreAhead
 from kvmem.engine.transfer.state_codec import kv_part_nbytes
 from kvmem.engine.transfer.transfer_profile import TransferPath
 
-from .helpers import filler_tokens, make_engine
+from .helpers import GREEDY, filler_tokens, make_engine
 
 pytestmark = pytest.mark.slow
 
@@ -410,3 +411,36 @@ def test_the_next_turns_stream_restore_is_built_between_turns(smollm2_path):
     assert [x[1:] for x in direct] == [(1, 0, 0), (3, 0, 2), (6, 0, 4)]
     for (got, *_), (want, *_) in zip(built, direct, strict=True):
         assert np.array_equal(got, want)
+
+
+def test_the_next_turns_restore_is_built_beside_the_generation(smollm2_path, monkeypatch):
+    """Once the prefill sets the frontier, the window starts building the next turn's stream
+    restore, while the turn still generates; the turn's end predicts the same blocks and
+    keeps that build (one build, not a second), and the next turn restores exactly it."""
+    builds: list[tuple[int, ...]] = []  # the blocks of every build started, in order
+    start = RestoreAhead.start
+
+    def spy(self, layout, pieces, versions):
+        builds.append(tuple(b.block_id for piece in pieces for b in piece))
+        return start(self, layout, pieces, versions)
+
+    monkeypatch.setattr(RestoreAhead, "start", spy)
+    kvmem = KVMemConfig(budget=1024, gen_reserve=256, stream_tokens=512, trace=True)
+    trace = io.StringIO()
+    engine = make_engine(smollm2_path, n_ctx=2048, cache="q8_0", kvmem=kvmem, trace=trace)
+    ahead = engine.session.transfer.ahead
+    try:
+        tokens = filler_tokens(engine, 1700, seed=23)
+        list(engine.generate(tokens[:1300], sampling=GREEDY, max_tokens=3, ignore_eos=True))
+        turn = engine.generate(tokens[:1500], sampling=GREEDY, max_tokens=3, ignore_eos=True)
+        next(turn)  # the first token: the next turn's build is under way
+        during, n_builds = ahead.building, len(builds)
+        assert during == builds[-1] and len(during) == 4
+        list(turn)
+        assert ahead.building == during and len(builds) == n_builds  # kept, not rebuilt
+        _stream_stage_ins(trace)  # (clears the trace)
+        engine.teacher_force(tokens[:1690], tokens[1690:1693])
+        st = engine.last_turn
+        assert st.built_ahead_blocks == _stream_stage_ins(trace) == 4
+    finally:
+        engine.close()

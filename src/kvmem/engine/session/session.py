@@ -180,6 +180,8 @@ class KVMemSession:
             self._report_progress(stats)
             self.frontier = plan.tail
         self.ssm.end_prefill()
+        if self.frontier is not None:  # the next turn goes on from here: build its restore
+            self._prepare_next_turn()  # beside the generation (the turn's end checks it)
         stats.prefill_ms = (time.perf_counter() - t0) * 1e3
         trace_prefill(self.tracer, n, reused, stats)
 
@@ -323,7 +325,9 @@ class KVMemSession:
 
     def _prepare_next_turn(self) -> None:
         """The next turn's first chunk restores the stream window its reselection left out:
-        build those blobs now, off its path, for a turn that goes on from the frontier."""
+        build those blobs now, off its path, for a turn that goes on from the frontier.
+        Called once the prefill sets the frontier (the build runs beside the generation)
+        and again at the turn's end, which keeps that build when it predicts the same."""
         if not self.runner.bounded:
             return
         n = self.table.n_tokens

@@ -267,14 +267,18 @@ class KVTransfer:
     def prepare(self, block_ids: Sequence[int]) -> bool:
         """Build the blobs of a coming restore of exactly `block_ids` (host blocks) on the
         builder's thread, beside the prefill; False when none is built (no staging buffer,
-        nothing harvested yet, a block not in the store, or too large)."""
+        nothing harvested yet, a block not in the store, or too large). A build already
+        in hand of exactly those blocks, still stored as they were, is kept."""
         if self.ahead is None or self.layout is None or not block_ids:
             return False
-        self.flush()
         ids = sorted(block_ids)
+        if not self._pending_ids.isdisjoint(ids):  # a block still on its way to the store
+            self.flush()
         if any(b not in self.store for b in ids):
             return False
         versions = [self.store.version(b) for b in ids]
+        if self.ahead.holds(ids, versions):  # predicted before: its build goes on
+            return True
         blocks = [self.store.get(b) for b in ids]
         ranges = self._restore_ranges([b.n_tokens for b in blocks])
         return self.ahead.start(self.layout, [blocks[r.start : r.stop] for r in ranges], versions)

@@ -123,6 +123,19 @@ class RestoreAhead:
         blob = build_state(layout, piece, RESTORE_SEQ, out, native=self.native)
         return BuiltPiece(blob, (time.perf_counter() - t0) * 1e3)
 
+    @property
+    def building(self) -> tuple[int, ...]:
+        """The blocks of the build in hand, ascending (empty: none)."""
+        return () if self._ready is None else self._ready.block_ids
+
+    def holds(self, wanted: Sequence[int], versions: Sequence[int]) -> bool:
+        """Whether the build in hand is of exactly the blocks `wanted` (ascending) at the
+        store's `versions` (a second prediction of the same restore keeps it going)."""
+        ready = self._ready
+        if ready is None:
+            return False
+        return ready.block_ids == tuple(wanted) and ready.versions == tuple(versions)
+
     def take(self, wanted: Sequence[int]) -> ReadyBlob | None:
         """The build, if it holds exactly the blocks `wanted` (ascending), which uses it up
         (its pieces are waited for one by one, `ReadyBlob.piece`); else None, at once
