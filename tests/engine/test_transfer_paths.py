@@ -8,7 +8,7 @@ import io
 import numpy as np
 import pytest
 
-from kvmem.config import KVMemConfig
+from kvmem.config import KVMemConfig, RestoreAheadMode
 from kvmem.engine.llama.host_staging import StagingBuffer
 from kvmem.engine.llama.llama_lib import host_buffer_allocator
 from kvmem.engine.trace import TurnStats
@@ -414,9 +414,11 @@ def test_the_next_turns_stream_restore_is_built_between_turns(smollm2_path):
 
 
 def test_the_next_turns_restore_is_built_beside_the_generation(smollm2_path, monkeypatch):
-    """Once the prefill sets the frontier, the window starts building the next turn's stream
-    restore, while the turn still generates; the turn's end predicts the same blocks and
-    keeps that build (one build, not a second), and the next turn restores exactly it."""
+    """With `--kvmem-restore-ahead generation`, once the prefill sets the frontier the window
+    starts building the next turn's stream restore while the turn still generates; the
+    turn's end predicts the same blocks and keeps that build (one build, not a second).
+    With `auto` on the CPU (as with `turn-end`), it starts at the turn's end. Either way the
+    next turn restores exactly it."""
     builds: list[tuple[int, ...]] = []  # the blocks of every build started, in order
     start = RestoreAhead.start
 
@@ -425,22 +427,36 @@ def test_the_next_turns_restore_is_built_beside_the_generation(smollm2_path, mon
         return start(self, layout, pieces, versions)
 
     monkeypatch.setattr(RestoreAhead, "start", spy)
-    kvmem = KVMemConfig(budget=1024, gen_reserve=256, stream_tokens=512, trace=True)
+    for mode in (RestoreAheadMode.GENERATION, RestoreAheadMode.AUTO):  # auto as turn-end here
+        during, after, second = _restore_built_ahead(smollm2_path, mode, builds)
+        # auto: the KV cells live in host memory here, so the build waits for the turn's end
+        assert during == (after if mode is RestoreAheadMode.GENERATION else ()), mode
+        assert second == [after] and len(after) == 4, mode
+
+
+def _restore_built_ahead(smollm2_path, mode, builds):
+    """Two turns (the second's prefill sets the frontier) and a third going on from it:
+    the blocks being built at the second turn's first token and at its end, and the builds
+    it started. The third turn restores exactly the blocks built for it."""
+    kvmem = KVMemConfig(
+        budget=1024, gen_reserve=256, stream_tokens=512, trace=True, restore_ahead=mode
+    )
     trace = io.StringIO()
     engine = make_engine(smollm2_path, n_ctx=2048, cache="q8_0", kvmem=kvmem, trace=trace)
     ahead = engine.session.transfer.ahead
     try:
         tokens = filler_tokens(engine, 1700, seed=23)
         list(engine.generate(tokens[:1300], sampling=GREEDY, max_tokens=3, ignore_eos=True))
+        first = len(builds)
         turn = engine.generate(tokens[:1500], sampling=GREEDY, max_tokens=3, ignore_eos=True)
-        next(turn)  # the first token: the next turn's build is under way
-        during, n_builds = ahead.building, len(builds)
-        assert during == builds[-1] and len(during) == 4
+        next(turn)  # the first token: with `generation` the next turn's build is under way
+        during = ahead.building
         list(turn)
-        assert ahead.building == during and len(builds) == n_builds  # kept, not rebuilt
+        after = ahead.building  # with `generation`: kept, not rebuilt (one build a turn)
+        second = builds[first:]
         _stream_stage_ins(trace)  # (clears the trace)
         engine.teacher_force(tokens[:1690], tokens[1690:1693])
-        st = engine.last_turn
-        assert st.built_ahead_blocks == _stream_stage_ins(trace) == 4
+        assert engine.last_turn.built_ahead_blocks == _stream_stage_ins(trace) == 4
+        return during, after, second
     finally:
         engine.close()

@@ -9,7 +9,7 @@ import pytest
 
 from kvmem.cli.server_args import SERVER_FLAGS, build_server_parser
 from kvmem.cli.server_config import load_server_settings
-from kvmem.config import CellOrder, KVMemConfig, QueryAheadMode, QuerySource
+from kvmem.config import CellOrder, KVMemConfig, QueryAheadMode, QuerySource, RestoreAheadMode
 from kvmem.engine_settings import EngineSettings, GpuPlacement
 from kvmem.errors import ConfigError
 from kvmem.memory.exact_scorer import RankMode
@@ -365,3 +365,24 @@ def test_retrieval_flags_reach_the_kvmem_config() -> None:
     assert s.engine.kvmem.query_ahead is QueryAheadMode.ON
     s = load("--kvmem-query-source", "scoring", "--kvmem-query-ahead", "off")
     assert s.engine.kvmem.query_ahead is QueryAheadMode.OFF
+
+
+def test_restore_ahead_builds_beside_the_generation_only_where_the_kv_is_offloaded() -> None:
+    assert load().engine.kvmem.restore_ahead is RestoreAheadMode.AUTO
+    got = {
+        (m.value, on_device): m.beside_generation(on_device)
+        for m in RestoreAheadMode
+        for on_device in (False, True)
+    }
+    assert got == {
+        ("auto", False): False,
+        ("auto", True): True,
+        ("generation", False): True,
+        ("generation", True): True,
+        ("turn-end", False): False,
+        ("turn-end", True): False,
+    }
+    s = load("--kvmem-restore-ahead", "turn-end")
+    assert s.engine.kvmem.restore_ahead is RestoreAheadMode.TURN_END
+    with pytest.raises(ConfigError, match="invalid choice: 'later'"):
+        load("--kvmem-restore-ahead", "later")

@@ -60,6 +60,8 @@ class KVMemSession:
         self.live_turn: TurnStats | None = None  # the turn being run (read by live timings)
         self._progress: Callable[[PrefillProgress], None] | None = None  # this turn's prefill
         self._spans = PromptSpans()  # the last turn's spans (its control text)
+        # the next turn's restore built from the prefill's end (else at the turn's end)
+        self._build_early = self.config.restore_ahead.beside_generation(self.ctx.kv_on_device)
 
     @property
     def chunk_tokens(self) -> int:
@@ -180,8 +182,8 @@ class KVMemSession:
             self._report_progress(stats)
             self.frontier = plan.tail
         self.ssm.end_prefill()
-        if self.frontier is not None:  # the next turn goes on from here: build its restore
-            self._prepare_next_turn()  # beside the generation (the turn's end checks it)
+        if self.frontier is not None and self._build_early:  # the next turn goes on from
+            self._prepare_next_turn()  # here: its restore, beside the generation
         stats.prefill_ms = (time.perf_counter() - t0) * 1e3
         trace_prefill(self.tracer, n, reused, stats)
 
@@ -326,8 +328,9 @@ class KVMemSession:
     def _prepare_next_turn(self) -> None:
         """The next turn's first chunk restores the stream window its reselection left out:
         build those blobs now, off its path, for a turn that goes on from the frontier.
-        Called once the prefill sets the frontier (the build runs beside the generation)
-        and again at the turn's end, which keeps that build when it predicts the same."""
+        Called once the prefill sets the frontier where `--kvmem-restore-ahead` builds
+        beside the generation, and at the turn's end, which keeps that build when it
+        predicts the same blocks."""
         if not self.runner.bounded:
             return
         n = self.table.n_tokens
