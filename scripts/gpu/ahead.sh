@@ -8,7 +8,9 @@
 #   scripts/gpu/ahead.sh STEP [STEP ...]  ds32 | ds256 | ds32-hN | ds256-hN (--harvest-tokens N)
 #                                         | tools-on | tools-off | tools-on-hN, into /tmp/res
 #                                         (N default 8192, the flag's default),
-#                                         then $OUT/res.tgz and the servers' traces
+#                                         then $OUT/res.tgz and the servers' traces;
+#                                         SERVER_EXTRA adds server flags to a tools step and
+#                                         TAG to its name (tools-on-TAG)
 #
 # Each call of the device tool lays the tree anew: carry .gpu (and the wheels in .whl:
 # fastapi, starlette, pydantic, pydantic-core, uvicorn, annotated-types, annotated-doc,
@@ -54,11 +56,12 @@ for step in "$@"; do
     tools-on | tools-off | tools-on-h*)  # -hN: --kvmem-harvest-tokens N (else $HARVEST)
       name=${step#tools-} harvest=${HARVEST:-8192}
       ahead=${name%%-*}
+      name=$name${TAG:+-$TAG}
       case $step in *-h*) harvest=${step#*-h} ;; esac
       python3 -m kvmem.server.main -m /tmp/m8b.gguf -c 262144 --kv-dtype q8_0 -fa on \
         --metrics --port 8080 --kvmem-budget 32768 --kvmem-gen-reserve 4096 \
         --kvmem-query-source scoring --kvmem-query-ahead "$ahead" --kvmem-trace \
-        --kvmem-harvest-tokens "$harvest" \
+        --kvmem-harvest-tokens "$harvest" ${SERVER_EXTRA:-} \
         > "/tmp/res/server-$name.log" 2>&1 &
       pid=$!
       $KB tools --url http://127.0.0.1:8080 --wait 120 --ignore-eos \
