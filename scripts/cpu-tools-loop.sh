@@ -9,7 +9,9 @@
 # Environment (defaults in brackets): HARVEST ["0 4096 8192"], CTX [8192], BUDGET [4096],
 # ROUNDS [3], GEN [8], THREADS [2], NICE [10], MODEL [$OUT/m16.gguf, written if missing],
 # EXTRA [more kvmem-server flags for every server, e.g. "--kvmem-trace"],
-# SRCS [this checkout's code; else checkouts' src/ folders, labelled by their folder].
+# SRCS [this checkout's code; else checkouts' src/ folders, labelled by their folder],
+# VARIANTS [none; else names V, one server each per tree and harvest, with the flags in
+# FLAGS_V, labelled by V: VARIANTS="gen auto" FLAGS_gen="--kvmem-restore-ahead generation"].
 # The loop targets 7/8 of CTX: the characters-per-token estimate is ~5% off on small plans.
 # The last table of OUT/tools.txt is the report (docs/benchmarks.md, `tools`).
 set -u
@@ -31,14 +33,17 @@ for src in ${SRCS:-.}; do
   tree=""
   [ "$src" != . ] && tree="$(basename "$(dirname "$src")")-"
   for h in $HARVEST; do
-    port=$((port + 1))
-    label="${tree}h$h"
-    env ${SRCS:+PYTHONPATH=$src} nice -n "$NICE" "$BIN/kvmem-server" -m "$MODEL" -c "$CTX" \
-      --kvmem-budget "$BUDGET" --kvmem-gen-reserve 256 --kv-dtype q8_0 -fa on --metrics \
-      -t "$THREADS" --port "$port" --kvmem-query-source scoring --kvmem-query-ahead on \
-      --kvmem-harvest-tokens "$h" ${EXTRA:-} > "$OUT/server-$label.log" 2>&1 &
-    pids+=($!)
-    args+=(--url "http://127.0.0.1:$port" --label "$label" --server-pid "$!")
+    for v in ${VARIANTS:--}; do
+      port=$((port + 1))
+      label="${tree}h$h" flags=""
+      [ "$v" != - ] && label="${tree}$v-h$h" && flags="FLAGS_$v" && flags=${!flags:-}
+      env ${SRCS:+PYTHONPATH=$src} nice -n "$NICE" "$BIN/kvmem-server" -m "$MODEL" -c "$CTX" \
+        --kvmem-budget "$BUDGET" --kvmem-gen-reserve 256 --kv-dtype q8_0 -fa on --metrics \
+        -t "$THREADS" --port "$port" --kvmem-query-source scoring --kvmem-query-ahead on \
+        --kvmem-harvest-tokens "$h" ${EXTRA:-} $flags > "$OUT/server-$label.log" 2>&1 &
+      pids+=($!)
+      args+=(--url "http://127.0.0.1:$port" --label "$label" --server-pid "$!")
+    done
   done
 done
 nice -n "$NICE" "$BIN/kvmem-bench" tools "${args[@]}" --wait 300 --ignore-eos \

@@ -76,16 +76,8 @@ class QueryAheadMode(Enum):
 class RestoreAheadMode(Enum):
     """When the next turn's stream restore is built off its path (restore_ahead.py)."""
 
-    AUTO = "auto"  # beside the generation where the KV cells live on an accelerator
     GENERATION = "generation"  # from the prefill's end, beside the generation
     TURN_END = "turn-end"  # at the turn's end, in the client's pause
-
-    def beside_generation(self, kv_on_device: bool) -> bool:
-        """Whether the build starts once the prefill ends (the turn's end keeps it when it
-        predicts the same blocks), given where the KV cells live."""
-        if self is RestoreAheadMode.AUTO:
-            return kv_on_device
-        return self is RestoreAheadMode.GENERATION
 
 
 class HarnessOverflow(Enum):
@@ -246,12 +238,11 @@ class KVMemConfig:
         "an 8B-shape model with q8_0 KV: 612 MiB); 0 = each decode's blocks at once", "8192",
     )  # fmt: skip
     restore_ahead: RestoreAheadMode = setting(
-        RestoreAheadMode.AUTO, "--kvmem-restore-ahead",
+        RestoreAheadMode.GENERATION, "--kvmem-restore-ahead",
         help="when the copy threads build the next turn's stream restore: generation (from "
-        "the prefill's end, beside the generation), turn-end (after the last token, in the "
-        "client's pause) or auto (generation where the KV cache is offloaded to a GPU, "
-        "turn-end where it lives in host memory: there the build's copies would take CPU "
-        "time from the decode)", **_KVMEM,
+        "the prefill's end, beside the generation; the turn's end keeps the build when it "
+        "predicts the same blocks) or turn-end (after the last token, in the client's pause "
+        "alone: an agent's next request can come before it is done)", **_KVMEM,
     )  # fmt: skip
     stream_cap: int = _n(
         0, "--kvmem-stream-cap",

@@ -417,8 +417,8 @@ def test_the_next_turns_restore_is_built_beside_the_generation(smollm2_path, mon
     """With `--kvmem-restore-ahead generation`, once the prefill sets the frontier the window
     starts building the next turn's stream restore while the turn still generates; the
     turn's end predicts the same blocks and keeps that build (one build, not a second).
-    With `auto` on the CPU (as with `turn-end`), it starts at the turn's end. Either way the
-    next turn restores exactly it."""
+    With `turn-end` it starts at the turn's end. Either way the next turn restores exactly
+    it."""
     builds: list[tuple[int, ...]] = []  # the blocks of every build started, in order
     start = RestoreAhead.start
 
@@ -427,9 +427,8 @@ def test_the_next_turns_restore_is_built_beside_the_generation(smollm2_path, mon
         return start(self, layout, pieces, versions)
 
     monkeypatch.setattr(RestoreAhead, "start", spy)
-    for mode in (RestoreAheadMode.GENERATION, RestoreAheadMode.AUTO):  # auto as turn-end here
+    for mode in RestoreAheadMode:
         during, after, second = _restore_built_ahead(smollm2_path, mode, builds)
-        # auto: the KV cells live in host memory here, so the build waits for the turn's end
         assert during == (after if mode is RestoreAheadMode.GENERATION else ()), mode
         assert second == [after] and len(after) == 4, mode
 

@@ -367,21 +367,8 @@ def test_retrieval_flags_reach_the_kvmem_config() -> None:
     assert s.engine.kvmem.query_ahead is QueryAheadMode.OFF
 
 
-def test_restore_ahead_builds_beside_the_generation_only_where_the_kv_is_offloaded() -> None:
-    assert load().engine.kvmem.restore_ahead is RestoreAheadMode.AUTO
-    got = {
-        (m.value, on_device): m.beside_generation(on_device)
-        for m in RestoreAheadMode
-        for on_device in (False, True)
-    }
-    assert got == {
-        ("auto", False): False,
-        ("auto", True): True,
-        ("generation", False): True,
-        ("generation", True): True,
-        ("turn-end", False): False,
-        ("turn-end", True): False,
-    }
+def test_restore_ahead_is_generation_unless_turn_end_is_asked_for() -> None:
+    assert load().engine.kvmem.restore_ahead is RestoreAheadMode.GENERATION
     s = load("--kvmem-restore-ahead", "turn-end")
     assert s.engine.kvmem.restore_ahead is RestoreAheadMode.TURN_END
     with pytest.raises(ConfigError, match="invalid choice: 'later'"):

@@ -193,13 +193,6 @@ class LlamaContext:
             self.observer.after_restore(starts, block_tokens)
 
     @property
-    def kv_on_device(self) -> bool:
-        """Whether the KV cells live in an accelerator's memory: offloaded, and a layer of
-        the model on a device other than the CPU (llama.cpp's load log)."""
-        devices = self.model.layers.devices
-        return self.settings.offload_kqv and any(not d.startswith("CPU") for d in devices)
-
-    @property
     def can_shift(self) -> bool:
         return bool(llama_cpp.llama_memory_can_shift(self.mem))
 

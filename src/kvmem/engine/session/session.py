@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from kvmem.config import RestoreAheadMode
 from kvmem.errors import ContextLengthExceededError, InvalidRequestError, TurnCancelledError
 from kvmem.memory.scorer import QueryVectors
 from kvmem.memory.spans import PromptSpans, TokenSpan
@@ -61,7 +62,7 @@ class KVMemSession:
         self._progress: Callable[[PrefillProgress], None] | None = None  # this turn's prefill
         self._spans = PromptSpans()  # the last turn's spans (its control text)
         # the next turn's restore built from the prefill's end (else at the turn's end)
-        self._build_early = self.config.restore_ahead.beside_generation(self.ctx.kv_on_device)
+        self._build_early = self.config.restore_ahead is RestoreAheadMode.GENERATION
 
     @property
     def chunk_tokens(self) -> int:
