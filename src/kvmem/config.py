@@ -54,7 +54,7 @@ class QueryReplay(Enum):
 class CellOrder(Enum):
     """Where a window's blocks sit among llama.cpp's KV cells (the order attention sums in)."""
 
-    CANONICAL = "canonical"  # position order from cell 0 after every change: history-free sums
+    CANONICAL = "canonical"  # a turn starts on a fresh prefill's cells: history-free sums
     FREE = "free"  # the first free cells llama.cpp finds: nothing re-laid
 
 
@@ -176,10 +176,10 @@ class KVMemConfig:
         CellOrder.FREE, "--kvmem-cell-order",
         help="where the window's blocks sit among the KV cells: free (the first free cells; "
         "the same KV, but the sums' order, and rarely a late greedy token, can depend on the "
-        "session's history) or canonical (every eviction or stage-in lays the blocks after "
-        "the first one it touches again, in position order: answers are a function of the "
-        "request alone; it re-lays about --kvmem-stream-tokens of KV per prefill chunk over "
-        "the budget)", **_KVMEM,
+        "session's history) or canonical (a turn starts with the window laid in the cells a "
+        "fresh prefill of its prompt holds there: answers are a function of the request "
+        "alone; it restores the resident window once a turn and resumes at a chunk start)",
+        **_KVMEM,
     )  # fmt: skip
     query_replay: QueryReplay = setting(
         QueryReplay.AUTO, "--kvmem-query-replay", help="replay the query after reselection",

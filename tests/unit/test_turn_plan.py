@@ -165,21 +165,20 @@ def test_the_default_stream_is_all_the_room_a_chunk_leaves() -> None:
     assert KVMemConfig(budget=4096, stream_tokens=1024).tier_tokens()["stream"] == 1024
 
 
-def test_a_canonical_cell_order_resumes_a_prefill_on_a_fresh_prefills_ubatch() -> None:
+def test_a_canonical_cell_order_resumes_a_prefill_at_a_fresh_prefills_chunk() -> None:
     """With --kvmem-cell-order canonical the reused prefix ends where a fresh prefill's
-    ubatch starts (chunks of 896 in ubatches of 512 from the chunk's start), so a resumed
-    prefill decodes its rows in the ubatches a fresh one did; free reuses every token."""
+    chunk starts, so a resumed prefill decodes the chunks and ubatches a fresh one did, on
+    the cells it had; free reuses every token."""
     grid = ChunkGrid(896, 896, ubatch=512)
-    assert [grid.ubatch_start(p) for p in (0, 511, 512, 895, 896, 1407, 1408, 1900)] == [
-        *(0, 0, 512, 512, 896, 896, 1408, 1792)
+    assert [grid.chunk_start(p) for p in (0, 511, 512, 895, 896, 1407, 1408, 1900)] == [
+        *(0, 0, 0, 0, 896, 896, 896, 1792)
     ]
-    assert ChunkGrid(896, 896).ubatch_start(1900) == 1900  # no ubatch known
     canonical = KVMemConfig(
         block_tokens=32, budget=256, query_max_tokens=64, cell_order=CellOrder.CANONICAL
     )
     grid = ChunkGrid(192, 192, ubatch=64)
     inputs = _inputs(common=300, config=canonical, source=SourceKind.NONE, grid=grid)
-    assert plan_turn(inputs, _ranks(True), _no_lack).reused == 256  # 192 + 64
+    assert plan_turn(inputs, _ranks(True), _no_lack).reused == 192
     free = _inputs(common=300, source=SourceKind.NONE, grid=grid)
     assert plan_turn(free, _ranks(True), _no_lack).reused == 300
 

@@ -65,7 +65,7 @@ class TurnStats:
     harvested_blocks: int = 0
     stage_in_bytes: int = 0
     built_ahead_blocks: int = 0  # stage-ins whose restore blob was built beside the prefill
-    relaid_blocks: int = 0  # GPU blocks laid again after a stage-in or eviction (cell order)
+    relaid_blocks: int = 0  # GPU blocks laid again at a turn's start (canonical cell order)
     relaid_bytes: int = 0
     harvested_bytes: int = 0  # bytes harvested to the host store
     harvest_ms: float = 0.0

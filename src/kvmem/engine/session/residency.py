@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from kvmem.config import CellOrder, KVMemConfig
+from kvmem.errors import KVTransferError
 from kvmem.memory.block_table import BlockTable
+from kvmem.memory.kv_cells import KVCells
 from kvmem.memory.layout import PositionMode
 from kvmem.memory.planner import PlannerConfig, RetrievalMethod, WindowPlan
 from kvmem.memory.retrieval_index import RetrievalIndex
 from kvmem.memory.spans import TokenSpan
 
-from ..llama.batch_rows import HARVEST_SEQ, MAIN_SEQ, RESTORE_SEQ
 from ..llama.context import LlamaContext
 from ..trace import Moves, Tracer
 from ..transfer.kv_transfer import KVTransfer
@@ -33,20 +33,15 @@ from .window_plans import planner_config
 logger = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class Lifted:
-    """GPU cells taken off the context so that the restore after them lays them again in
-    position order: complete blocks (block id -> first position) and the open block's
-    cells (its state blob), with what their eviction did."""
-
-    starts: dict[int, int] = field(default_factory=dict)
-    open_cells: np.ndarray | None = None  # uint8 [blob bytes]
-    moves: Moves = field(default_factory=Moves)
-
-
-def first_change(*blocks: Collection[int]) -> int | None:
-    """The lowest block id a residency change touches (None: it touches none)."""
-    return min((b for group in blocks for b in group), default=None)
+def _ascending_runs(blocks: Sequence[int]) -> list[list[int]]:
+    """`blocks` cut where an id is not above the one before it."""
+    runs: list[list[int]] = []
+    for b in blocks:
+        if runs and b > runs[-1][-1]:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    return runs
 
 
 class WindowResidency:
@@ -171,66 +166,38 @@ class WindowResidency:
         )
 
     # cell order ------------------------------------------------------------------------
-    # llama.cpp puts restored cells in the first free cells, and attention (flash attention's
-    # tiles and KV splits on the CPU included) sums over cells in index order. So every
-    # residency change keeps the canonical layout: the GPU blocks in position order from
-    # cell 0, then the open block, nothing free in between (decodes append after them).
-    # A change lifts the GPU blocks from the first block it touches on and lays them again,
-    # after the blocks before it, together with the blocks it brings in: the cells, and so
-    # every sum, are a function of the window, never of the history that built it.
+    # llama.cpp puts decoded and restored cells in the first free cells from its head, and
+    # attention (flash attention's tiles and KV splits on the CPU included) sums over cells
+    # in index order. A fresh prefill's chunks fill them by a rule that depends on the
+    # request alone; a warm session's cells also depend on its history. So at a turn's
+    # start, with `--kvmem-cell-order canonical`, the window is laid in the cells the
+    # fresh prefill of the same prompt holds where this turn goes on (`lay_as_fresh`):
+    # from there on both run the same plans on the same cells.
     @property
     def keeps_order(self) -> bool:
-        """Whether changes re-lay the cells after them (`--kvmem-cell-order canonical`; not
-        on hybrid memories, whose blobs carry a recurrent part, nor with an MTP draft
+        """Whether turns start on a fresh prefill's cells (`--kvmem-cell-order canonical`;
+        not on hybrid memories, whose blobs carry a recurrent part, nor with an MTP draft
         context mirroring the main one)."""
         if self.config.cell_order is not CellOrder.CANONICAL or not self.config.enabled:
             return False
         return self.transfer.hybrid is None and self.ctx.observer is None
 
-    def lift_from(self, first: int | None) -> Lifted:
-        """Take the GPU blocks from block `first` on, and the open block's cells, off the
-        context (None: nothing changes, nothing is lifted)."""
-        if first is None or not self.keeps_order:
-            return Lifted()
-        t = self.table
-        done = t.n_complete_blocks
-        tail = [b for b in t.gpu_blocks() if first <= b < done]
-        starts = {b: self.start(b) for b in tail}
-        moves = self.evict(tail)
-        return Lifted(starts, self._lift_open(), moves)
-
-    def _lift_open(self) -> np.ndarray | None:
-        """The open block's cells as a state blob (own memory), removed from the context."""
-        t = self.table
-        p0, p1 = t.n_complete_blocks * t.block_tokens, t.n_tokens
-        if p1 <= p0 or self.ctx.seq_pos_max(MAIN_SEQ) < p0:  # no open block on the GPU
-            return None
-        self.ctx.seq_cp(MAIN_SEQ, HARVEST_SEQ, p0, p1)
-        try:
-            cells = np.array(self.ctx.get_state(HARVEST_SEQ), dtype=np.uint8)  # [bytes]
-        finally:
-            self.ctx.seq_rm(HARVEST_SEQ, -1, -1)
-        self.ctx.seq_rm(MAIN_SEQ, p0, p1)
-        return cells
-
-    def land(self, lifted: Lifted, restore: Mapping[int, int]) -> Moves:
-        """Restore the blocks of `restore` (block id -> first position; the lifted ones
-        among them) in one position-ordered pass, then the lifted open block's cells."""
-        moves = lifted.moves
-        moves += self.restore(restore, relaid=lifted.starts.keys())
-        cells = lifted.open_cells
-        if cells is not None:
-            self.ctx.set_state(cells, RESTORE_SEQ)
-            self.ctx.seq_cp(RESTORE_SEQ, MAIN_SEQ, -1, -1)
-            self.ctx.seq_rm(RESTORE_SEQ, -1, -1)
-            moves.relaid_bytes += len(cells)
+    def lay_as_fresh(self, cells: KVCells) -> Moves:
+        """Empty the context and restore the blocks a fresh prefill holds in `cells` (its
+        model: whole blocks, packed from cell 0), in that cell order."""
+        bt = self.table.block_tokens
+        order = cells.layout()  # int64 [n_used]: positions in cell order
+        if not cells.packed() or len(order) % bt or np.any(order[::bt] % bt):
+            raise KVTransferError("a fresh prefill's cells are not whole blocks from cell 0")
+        blocks = [int(p) // bt for p in order[::bt]]  # in cell order
+        moves = self.flush()
+        held = set(self.table.gpu_blocks())  # laid again; the others are staged in
+        self.ctx.clear()
+        self.table.mark_off_gpu(list(held))
+        self.moved.clear()
+        for run in _ascending_runs(blocks):  # a restore lays its blocks in id order
+            moves += self.restore({b: b * bt for b in run}, relaid=held.intersection(run))
         return moves
-
-    def relay_from(self, first: int | None, restore: Mapping[int, int]) -> Moves:
-        """Restore `restore` after lifting what follows block `first` (the lowest block the
-        change touched), the lifted blocks where they were."""
-        lifted = self.lift_from(first)
-        return self.land(lifted, {**restore, **lifted.starts})
 
     def reset(self) -> None:
         """The context was cleared: no block is on the GPU any more."""

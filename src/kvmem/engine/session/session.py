@@ -37,7 +37,7 @@ from .parts import SessionParts
 from .prefill import prefill_chunks
 from .turn_plan import TurnInputs, TurnPlan, plan_turn
 from .turn_trace import trace_gen, trace_prefill, trace_query
-from .window_plans import StreamAt
+from .window_plans import FreshPrefill, StreamAt, fresh_cells
 
 logger = logging.getLogger(__name__)
 
@@ -214,11 +214,21 @@ class KVMemSession:
         if reused < self.table.n_tokens:
             reused = self.ssm.rewind_to(reused)
             self._truncate(reused, stats)
+        if self.window.keeps_order and self.runner.bounded:  # a fresh prefill's cells
+            stats.add(self.window.lay_as_fresh(fresh_cells(self.config, self._fresh(), reused)))
         self.frontier = None
         stats.cached_tokens = reused
         stats.reprocessed_tokens = plan.common - reused
         self._report_progress(stats)
         return reused
+
+    def _fresh(self) -> FreshPrefill:
+        """What fixes the cells a fresh prefill of this turn's prompt fills."""
+        g, room = self.grid, self.window.capacity - self.grid.chunk_tokens
+        n_ubatch = g.ubatch or self.ctx.n_ubatch
+        return FreshPrefill(
+            self._spans, room, g.chunk_tokens, g.stream_grid, n_ubatch, self.ctx.n_cells
+        )
 
     def _report_progress(self, stats: TurnStats) -> None:
         if self._progress is not None:

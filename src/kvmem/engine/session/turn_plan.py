@@ -26,13 +26,10 @@ class ChunkGrid:
     stream_grid: int
     ubatch: int = 0  # llama.cpp's ubatch: a chunk's decode runs in ubatches from its start
 
-    def ubatch_start(self, position: int) -> int:
-        """Where the ubatch holding `position` starts when its chunk is decoded whole (a
-        fresh prefill's): a prefill resumed there runs the ubatches a fresh one ran."""
-        if self.ubatch <= 0:
-            return position
-        chunk_start = position - position % self.chunk_tokens
-        return chunk_start + (position - chunk_start) // self.ubatch * self.ubatch
+    def chunk_start(self, position: int) -> int:
+        """The start of the chunk holding `position`: a prefill resumed there decodes the
+        chunks and ubatches a fresh one decoded (`--kvmem-cell-order canonical`)."""
+        return position - position % self.chunk_tokens
 
     @classmethod
     def of(
@@ -129,7 +126,7 @@ def plan_turn(inputs: TurnInputs, ranks: Ranks, lacking: Lacking) -> TurnPlan:
     if inputs.source is SourceKind.MAIN and ranks(spans, n):
         reused = restart_for_rows(wanted_spans(inputs, spans, n, ranks), reused, c, lacking)
     if c.cell_order is CellOrder.CANONICAL and inputs.grid is not None:
-        reused = inputs.grid.ubatch_start(reused)  # the ubatches of a fresh prefill
+        reused = inputs.grid.chunk_start(reused)  # on a fresh prefill's cells
     end = n if tail is None else tail
     wanted = wanted_spans(inputs, spans, end, ranks)
     lexical = lexical_spans(spans, c.query_max_tokens) if wanted else ()

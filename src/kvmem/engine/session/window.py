@@ -40,7 +40,7 @@ from .reselection import (
     score_candidates,
     trace_reselect,
 )
-from .residency import WindowResidency, first_change
+from .residency import WindowResidency
 from .window_plans import (
     CutPlan,
     RoomChoice,
@@ -78,8 +78,7 @@ class GpuWindow(WindowResidency):
                 evict=list(plan.evict),
                 stage_in=list(plan.stage_in),
             )
-        wanted = self.own_starts(plan.stage_in)
-        moves += self.relay_from(first_change(plan.evict, wanted), wanted)
+        moves += self.restore(self.own_starts(plan.stage_in))
         moves.evicted_blocks += len(plan.evict)
         return moves
 
@@ -108,7 +107,6 @@ class GpuWindow(WindowResidency):
         if not choice.victims:
             return Moves()
         moves = self.evict(list(choice.victims))
-        moves += self.relay_from(first_change(choice.victims), {})  # the cells after them
         moves.spilled_blocks += len(choice.room.spilled)
         moves.evicted_blocks += len(choice.room.evicted)
         kind = TraceKind.SPILL if choice.spill else TraceKind.EVICT
@@ -214,14 +212,12 @@ class GpuWindow(WindowResidency):
         if plan.evict or plan.stage_in or restage or self._shifts(plan.keep, starts):
             moves = self.harvest()  # a move shifts the cells a harvest reads at their places
         moves += self.evict(list(plan.evict) + restage)
-        # the blocks after the first one the plan changes are laid again with those coming in
-        lifted = self.lift_from(first_change(plan.evict, plan.stage_in, restage))
         t_move = time.perf_counter()
-        stay = [b for b in plan.keep if b not in restage and b not in lifted.starts]
+        stay = [b for b in plan.keep if b not in restage]
         moved = self._move({b: self.start(b) for b in stay}, starts)
         t_restore = time.perf_counter()
-        coming = set(plan.stage_in) | set(restage) | set(lifted.starts)
-        restored = self.land(lifted, {b: starts[b] for b in sorted(coming)})
+        coming = set(plan.stage_in) | set(restage)
+        restored = self.restore({b: starts[b] for b in sorted(coming)})
         moves += restored
         moves.evicted_blocks += len(plan.evict)
         moves.score_ms += res.scores.score_ms + res.scores.index_ms
@@ -272,8 +268,6 @@ class GpuWindow(WindowResidency):
         n_keep = plan.n_keep
         self.ctx.seq_rm(MAIN_SEQ, n_keep, -1)
         result = self.table.truncate(n_keep)
-        touched = (plan.restore,) if plan.restore is not None else ()
-        moves += self.relay_from(first_change(plan.evict, touched), {})  # cells after a hole
         self.transfer.store.drop(result.dropped_blocks)
         if self.index is not None:
             self.index.remove(result.dropped_blocks)

@@ -16,6 +16,7 @@ from kvmem.config import KVMemConfig
 from kvmem.errors import KVTransferError
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.eviction import Residency, RoomPlan, plan_room
+from kvmem.memory.kv_cells import FreshCells, KVCells
 from kvmem.memory.planner import PlannerConfig, RetrievalMethod, WindowPlan, stream_window
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
@@ -167,3 +168,35 @@ def plan_cut(
     restore = cut if partial and off_gpu else None
     dropped = tuple(range(cut, table.n_blocks)) if n_keep < table.n_tokens else ()
     return CutPlan(n_keep, keep_window, evict, restore, dropped)
+
+
+@dataclass(frozen=True, slots=True)
+class FreshPrefill:
+    """What fixes the cells a fresh prefill of a prompt fills: its chunks, their stream
+    windows and llama.cpp's ubatch and cache size."""
+
+    spans: PromptSpans
+    room: int  # KV cells for the stream window besides the chunk
+    chunk_tokens: int
+    stream_grid: int
+    n_ubatch: int
+    n_cells: int
+
+
+def fresh_cells(config: KVMemConfig, fresh: FreshPrefill, end: int) -> KVCells:
+    """The cells of a fresh prefill once its chunks before `end` (a chunk start) are
+    decoded: each chunk's evictions (`plan_stream` on a session holding exactly what the
+    chunks before it left) and then its tokens. Pure: a model (memory/kv_cells.py)."""
+    bt = config.block_tokens
+    cells = FreshCells(KVCells.empty(fresh.n_cells), bt, fresh.n_ubatch)
+    pos = 0
+    while pos < end:
+        stop = min(end, pos + fresh.chunk_tokens - pos % fresh.chunk_tokens)
+        at = StreamAt(pos, fresh.spans, fresh.room, fresh.stream_grid)
+        keep = stream_keep(config, at)
+        keep.update(range(keep_from(pos, fresh.stream_grid, bt), pos // bt))
+        if keep - cells.on_gpu:
+            raise KVTransferError(f"a fresh prefill's chunk at {pos} would stage blocks in")
+        cells.chunk(pos, stop, keep)
+        pos = stop
+    return cells.cells
