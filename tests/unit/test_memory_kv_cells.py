@@ -110,3 +110,18 @@ def test_fresh_chunks_evict_outside_their_window_then_decode() -> None:
     assert fresh.on_gpu == {0, 3, 4, 5}
     layout = fresh.cells.layout().tolist()
     assert layout == [0, 1, 2, 3, 16, 17, 18, 19, 20, 21, 22, 23, 12, 13, 14, 15]
+
+
+def test_block_order_is_whole_blocks_from_cell_0_or_none() -> None:
+    fresh = FreshCells(KVCells.empty(24), block_tokens=4, ubatch=8)
+    fresh.chunk(0, 8, keep=set())
+    fresh.chunk(8, 16, keep={0, 1})
+    fresh.chunk(16, 24, keep={0, 3})
+    assert fresh.cells.block_order(4) == [0, 4, 5, 3]
+    cells = KVCells.empty(8)
+    cells.place(np.arange(0, 6, dtype=np.int64), 8)
+    assert cells.block_order(4) is None  # a block not whole
+    cells.remove(0, 2)
+    assert cells.block_order(2) is None  # not packed from cell 0
+    shuffled = KVCells(np.array([1, 0, 2, 3], dtype=np.int64))
+    assert shuffled.block_order(2) is None  # a block out of position order

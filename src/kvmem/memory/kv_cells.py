@@ -66,6 +66,19 @@ class KVCells:
         """Whether the cells in use are cells 0 .. n_used - 1."""
         return bool(np.all(self.pos[: self.n_used] != FREE))
 
+    def block_order(self, block_tokens: int) -> list[int] | None:
+        """The block ids in cell order when the cells in use are packed from cell 0 and
+        hold whole blocks, each in position order (else None: no restore lays them)."""
+        order = self.layout()  # int64 [n_used]
+        if not self.packed() or len(order) % block_tokens:
+            return None
+        rows = order.reshape(-1, block_tokens)  # [blocks, block_tokens]
+        starts = rows[:, 0]  # int64 [blocks]
+        offsets = np.arange(block_tokens, dtype=np.int64)  # [block_tokens]
+        if np.any(starts % block_tokens) or np.any(rows != starts[:, None] + offsets):
+            return None
+        return [int(p) // block_tokens for p in starts]
+
 
 @dataclass(slots=True)
 class FreshCells:

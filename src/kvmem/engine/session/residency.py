@@ -14,12 +14,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Mapping, Sequence
 
-import numpy as np
-
 from kvmem.config import CellOrder, KVMemConfig
-from kvmem.errors import KVTransferError
 from kvmem.memory.block_table import BlockTable
-from kvmem.memory.kv_cells import KVCells
 from kvmem.memory.layout import PositionMode
 from kvmem.memory.planner import PlannerConfig, RetrievalMethod, WindowPlan
 from kvmem.memory.retrieval_index import RetrievalIndex
@@ -182,14 +178,10 @@ class WindowResidency:
             return False
         return self.transfer.hybrid is None and self.ctx.observer is None
 
-    def lay_as_fresh(self, cells: KVCells) -> Moves:
-        """Empty the context and restore the blocks a fresh prefill holds in `cells` (its
-        model: whole blocks, packed from cell 0), in that cell order."""
+    def lay_as_fresh(self, blocks: Sequence[int]) -> Moves:
+        """Empty the context and restore `blocks` in that order from cell 0 (the blocks a
+        fresh prefill holds, in its cell order: KVCells.block_order)."""
         bt = self.table.block_tokens
-        order = cells.layout()  # int64 [n_used]: positions in cell order
-        if not cells.packed() or len(order) % bt or np.any(order[::bt] % bt):
-            raise KVTransferError("a fresh prefill's cells are not whole blocks from cell 0")
-        blocks = [int(p) // bt for p in order[::bt]]  # in cell order
         moves = self.flush()
         held = set(self.table.gpu_blocks())  # laid again; the others are staged in
         self.ctx.clear()

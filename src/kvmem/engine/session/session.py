@@ -214,13 +214,26 @@ class KVMemSession:
         if reused < self.table.n_tokens:
             reused = self.ssm.rewind_to(reused)
             self._truncate(reused, stats)
-        if self.window.keeps_order and self.runner.bounded:  # a fresh prefill's cells
-            stats.add(self.window.lay_as_fresh(fresh_cells(self.config, self._fresh(), reused)))
+        if self.window.keeps_order and self.runner.bounded:
+            self._lay_as_fresh(reused, stats)
         self.frontier = None
         stats.cached_tokens = reused
         stats.reprocessed_tokens = plan.common - reused
         self._report_progress(stats)
         return reused
+
+    def _lay_as_fresh(self, reused: int, stats: TurnStats) -> None:
+        """Go on from `reused` on the cells a fresh prefill holds there (the canonical cell
+        order); where the model does not cover the prompt, on these cells, traced."""
+        cells = fresh_cells(self.config, self._fresh(), reused)
+        order = None if cells is None else cells.block_order(self.table.block_tokens)
+        if order is None:
+            self.tracer.emit(TraceKind.CELLS_UNMODELLED, at=reused)
+            logger.warning(
+                "canonical cell order: no model of a fresh prefill's cells at %d", reused
+            )
+            return
+        stats.add(self.window.lay_as_fresh(order))
 
     def _fresh(self) -> FreshPrefill:
         """What fixes the cells a fresh prefill of this turn's prompt fills."""

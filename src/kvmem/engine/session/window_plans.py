@@ -183,10 +183,11 @@ class FreshPrefill:
     n_cells: int
 
 
-def fresh_cells(config: KVMemConfig, fresh: FreshPrefill, end: int) -> KVCells:
+def fresh_cells(config: KVMemConfig, fresh: FreshPrefill, end: int) -> KVCells | None:
     """The cells of a fresh prefill once its chunks before `end` (a chunk start) are
     decoded: each chunk's evictions (`plan_stream` on a session holding exactly what the
-    chunks before it left) and then its tokens. Pure: a model (memory/kv_cells.py)."""
+    chunks before it left) and then its tokens. Pure: a model (memory/kv_cells.py); None
+    where a chunk would stage blocks in, which the model does not cover."""
     bt = config.block_tokens
     cells = FreshCells(KVCells.empty(fresh.n_cells), bt, fresh.n_ubatch)
     pos = 0
@@ -196,7 +197,7 @@ def fresh_cells(config: KVMemConfig, fresh: FreshPrefill, end: int) -> KVCells:
         keep = stream_keep(config, at)
         keep.update(range(keep_from(pos, fresh.stream_grid, bt), pos // bt))
         if keep - cells.on_gpu:
-            raise KVTransferError(f"a fresh prefill's chunk at {pos} would stage blocks in")
+            return None
         cells.chunk(pos, stop, keep)
         pos = stop
     return cells.cells
