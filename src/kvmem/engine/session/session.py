@@ -61,8 +61,6 @@ class KVMemSession:
         self.live_turn: TurnStats | None = None  # the turn being run (read by live timings)
         self._progress: Callable[[PrefillProgress], None] | None = None  # this turn's prefill
         self._spans = PromptSpans()  # the last turn's spans (its control text)
-        # the next turn's restore built from the prefill's end (else at the turn's end)
-        self._build_early = self.config.restore_ahead is RestoreAheadMode.GENERATION
 
     @property
     def chunk_tokens(self) -> int:
@@ -183,8 +181,9 @@ class KVMemSession:
             self._report_progress(stats)
             self.frontier = plan.tail
         self.ssm.end_prefill()
-        if self.frontier is not None and self._build_early:  # the next turn goes on from
-            self._prepare_next_turn()  # here: its restore, beside the generation
+        early = self.config.restore_ahead is RestoreAheadMode.GENERATION
+        if self.frontier is not None and early:  # the next turn goes on from here: its
+            self._prepare_next_turn()  # restore, built beside the generation
         stats.prefill_ms = (time.perf_counter() - t0) * 1e3
         trace_prefill(self.tracer, n, reused, stats)
 
@@ -238,10 +237,8 @@ class KVMemSession:
     def _fresh(self) -> FreshPrefill:
         """What fixes the cells a fresh prefill of this turn's prompt fills."""
         g, room = self.grid, self.window.capacity - self.grid.chunk_tokens
-        n_ubatch = g.ubatch or self.ctx.n_ubatch
-        return FreshPrefill(
-            self._spans, room, g.chunk_tokens, g.stream_grid, n_ubatch, self.ctx.n_cells
-        )
+        n_ubatch, n_cells = self.ctx.n_ubatch, self.ctx.n_cells
+        return FreshPrefill(self._spans, room, g.chunk_tokens, g.stream_grid, n_ubatch, n_cells)
 
     def _report_progress(self, stats: TurnStats) -> None:
         if self._progress is not None:

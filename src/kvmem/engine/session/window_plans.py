@@ -60,6 +60,14 @@ def stream_keep(config: KVMemConfig, at: StreamAt) -> set[int]:
     return set(stream_window(planner_config(config), chunk_start, at.spans, room))
 
 
+def chunk_keep(config: KVMemConfig, at: StreamAt, done: int, block_tokens: int) -> set[int]:
+    """The complete blocks (of the first `done`) a prefill chunk at `at.position` keeps:
+    its stream window, and every block from its chunk's start on."""
+    keep = stream_keep(config, at)
+    keep.update(range(keep_from(at.position, at.grid, block_tokens), done))
+    return keep
+
+
 @dataclass(frozen=True, slots=True)
 class StreamPlan:
     """What the GPU must change so a prefill chunk sees its stream window."""
@@ -76,8 +84,7 @@ def plan_stream(
     grid, plus the blocks from there on, all at their own positions: a prefill that starts
     mid-chunk (after a reused prefix) so sees what the whole chunk of a fresh one sees."""
     done = table.n_complete_blocks
-    keep = stream_keep(config, at)
-    keep.update(range(keep_from(at.position, at.grid, table.block_tokens), done))
+    keep = chunk_keep(config, at, done, table.block_tokens)
     out = tuple(sorted(b for b in table.gpu_blocks() if b < done and (b not in keep or b in moved)))
     missing = sorted(b for b in keep if not table.is_on_gpu(b) or b in out)
     return StreamPlan(at.position, out, tuple(missing))
@@ -92,8 +99,7 @@ def next_stream_stage_in(
     extends the history from there with the same control spans."""
     bt = table.block_tokens
     done = min(at.position // bt, table.n_complete_blocks)  # complete after the cut
-    keep = stream_keep(config, at)
-    keep.update(range(keep_from(at.position, at.grid, bt), done))
+    keep = chunk_keep(config, at, done, bt)
     return tuple(sorted(b for b in keep if b < done and (not table.is_on_gpu(b) or b in moved)))
 
 
@@ -194,8 +200,7 @@ def fresh_cells(config: KVMemConfig, fresh: FreshPrefill, end: int) -> KVCells |
     while pos < end:
         stop = min(end, pos + fresh.chunk_tokens - pos % fresh.chunk_tokens)
         at = StreamAt(pos, fresh.spans, fresh.room, fresh.stream_grid)
-        keep = stream_keep(config, at)
-        keep.update(range(keep_from(pos, fresh.stream_grid, bt), pos // bt))
+        keep = chunk_keep(config, at, pos // bt, bt)
         if keep - cells.on_gpu:
             return None
         cells.chunk(pos, stop, keep)
