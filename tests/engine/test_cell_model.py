@@ -4,13 +4,15 @@ starts on exactly those cells."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from kvmem.config import CellOrder, KVMemConfig
 from kvmem.engine.llama.batch_rows import MAIN_SEQ
 from kvmem.engine.session.window import GpuWindow
-from kvmem.engine.session.window_plans import fresh_cells
 from kvmem.engine.transfer.state_codec import parse_state
+from kvmem.memory.spans import TokenSpan
 
 from .helpers import GREEDY, filler_tokens, make_engine
 
@@ -26,7 +28,7 @@ def test_a_prefill_fills_the_cells_the_model_says(smollm2_path, monkeypatch):
     def spy(window, plan):
         session = engine.session
         got = parse_state(session.ctx.get_state(MAIN_SEQ)).positions.tolist()
-        model = fresh_cells(session.config, session._fresh(), plan.position).layout().tolist()
+        model = session.cells.fresh(session._spans, plan.position).layout().tolist()
         seen.append((plan.position, got, model))
         return apply_stream(window, plan)
 
@@ -45,5 +47,67 @@ def test_a_prefill_fills_the_cells_the_model_says(smollm2_path, monkeypatch):
         start, got, model = seen[0]
         assert engine.last_turn.cached_tokens == start > 0
         assert got == model == fresh[start // 256][1]  # the fresh prefill's cells there
+    finally:
+        engine.close()
+
+
+def _cells_seen(ctx) -> list[int]:
+    return parse_state(ctx.get_state(MAIN_SEQ)).positions.tolist()
+
+
+def test_the_followed_cells_are_llama_cpps_and_a_turn_lays_only_what_differs(
+    smollm2_path, monkeypatch
+):
+    """The cells the context follows (LlamaContext.cells) equal those llama.cpp holds at
+    every prefill chunk and turn's end, through evictions, restores and moves. A warm turn
+    keeps the blocks already in their fresh cells: under the budget all of them, over it
+    those before the first that differs; then it holds exactly the fresh prefill's cells."""
+    trace = io.StringIO()
+    kv = KVMemConfig(budget=512, gen_reserve=256, cell_order=CellOrder.CANONICAL, trace=True)
+    engine = make_engine(smollm2_path, n_ctx=8192, kvmem=kv, trace=trace)
+    checked: list[tuple[int, list[int]]] = []  # (chunk start, the cells llama.cpp holds)
+    apply_stream = GpuWindow.apply_stream
+
+    def spy(window, plan):
+        ctx = engine.session.ctx
+        seen = _cells_seen(ctx)
+        assert ctx.cells is not None and ctx.cells.layout().tolist() == seen
+        checked.append((plan.position, seen))
+        return apply_stream(window, plan)
+
+    monkeypatch.setattr(GpuWindow, "apply_stream", spy)
+
+    def turn(prompt: list[int]) -> tuple[list[int], str]:
+        trace.seek(0)
+        trace.truncate()
+        query = TokenSpan(len(prompt) - 30, len(prompt))
+        out = list(
+            engine.generate(prompt, query=query, sampling=GREEDY, max_tokens=6, ignore_eos=True)
+        )
+        ctx = engine.session.ctx
+        assert ctx.cells.layout().tolist() == _cells_seen(ctx)
+        laid = [line for line in trace.getvalue().splitlines() if "KVMEM_CELLS_LAID" in line]
+        return out, (laid[0] if laid else "")
+
+    try:
+        base = filler_tokens(engine, 2000, seed=11)
+        engine.reset()
+        small = list(base[:300])
+        out, _ = turn(small)
+        _, laid = turn(small + out + list(base[300:380]))  # under the budget
+        assert "kept=2 evicted=0 restored=0 cleared=0" in laid
+        big = list(base[:1400])
+        out, _ = turn(big)
+        assert engine.last_turn.evicted_blocks > 0  # the reselection changed the window
+        follow = big + out + list(base[1400:1500])
+        _, laid = turn(follow)
+        kept = int(laid.split("kept=")[1].split()[0])
+        restored = int(laid.split("restored=")[1].split()[0])
+        start = engine.last_turn.cached_tokens
+        order = engine.session.cells.order(engine.session._spans, start)
+        assert "cleared=0" in laid and restored >= 1 and kept + restored == len(order)
+        fresh = engine.session.cells.fresh(engine.session._spans, start).layout().tolist()
+        assert checked[-1] == (start, fresh)  # the turn went on from the fresh cells
+        assert len(checked) > 8
     finally:
         engine.close()

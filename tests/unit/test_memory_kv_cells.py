@@ -7,26 +7,52 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvmem.memory.kv_cells import FREE, FreshCells, KVCells
+from kvmem.memory.kv_cells import FREE, FreshCells, KVCells, LayPlan, plan_lay
 
 
 class PlainCells:
-    """llama.cpp 0.3.36's rules, cell by cell (the reference)."""
+    """llama.cpp 0.3.36's rules, cell by cell (the reference): `find_slot`,
+    `apply_ubatch`, `seq_rm`, `seq_add`, `seq_cp`, `clear` on one stream."""
 
     def __init__(self, n_cells: int) -> None:
         self.pos = [FREE] * n_cells
+        self.seq: list[set[int]] = [set() for _ in range(n_cells)]
         self.head = 0
 
-    def remove(self, p0: int, p1: int) -> None:
+    @staticmethod
+    def _inside(p: int, p0: int, p1: int) -> bool:
+        return p != FREE and max(p0, 0) <= p < (p1 if p1 >= 0 else 1 << 62)
+
+    def remove(self, p0: int, p1: int, seq: int = 0) -> None:
         new_head = len(self.pos)
         for i, p in enumerate(self.pos):
-            if p != FREE and p0 <= p < p1:
+            if not self._inside(p, p0, p1) or (seq >= 0 and seq not in self.seq[i]):
+                continue
+            self.seq[i] = self.seq[i] - {seq} if seq >= 0 else set()
+            if not self.seq[i]:
                 self.pos[i] = FREE
                 new_head = min(new_head, i)
         if new_head != len(self.pos) and new_head < self.head:
             self.head = new_head
 
-    def place_ubatch(self, positions: list[int]) -> None:
+    def shift(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        if delta == 0 or max(p0, 0) == (p1 if p1 >= 0 else 1 << 62):
+            return
+        new_head = len(self.pos)
+        for i, p in enumerate(self.pos):
+            if self._inside(p, p0, p1) and seq in self.seq[i]:
+                self.pos[i] = p + delta
+                if self.pos[i] < 0:
+                    self.pos[i], self.seq[i] = FREE, set()
+                    new_head = min(new_head, i)
+        self.head = new_head if new_head != len(self.pos) else 0
+
+    def copy_seq(self, src: int, dst: int, p0: int, p1: int) -> None:
+        for i, p in enumerate(self.pos):
+            if src != dst and self._inside(p, p0, p1) and src in self.seq[i]:
+                self.seq[i].add(dst)
+
+    def place_ubatch(self, positions: list[int], seq: int = 0) -> None:
         n, size = len(positions), len(self.pos)
         used = sum(p != FREE for p in self.pos)
         head_cur = 0 if self.head > used + 2 * n else self.head
@@ -43,8 +69,11 @@ class PlainCells:
             tested += 1
             assert tested <= size
         for i, p in zip(idxs, positions, strict=True):
-            self.pos[i] = p
+            self.pos[i], self.seq[i] = p, {seq}
         self.head = idxs[-1] + 1
+
+    def masks(self) -> list[int]:
+        return [sum(1 << s for s in seqs) for seqs in self.seq]
 
 
 def test_freed_cells_below_the_head_are_filled_first_then_the_end() -> None:
@@ -125,3 +154,91 @@ def test_block_order_is_whole_blocks_from_cell_0_or_none() -> None:
     assert cells.block_order(2) is None  # not packed from cell 0
     shuffled = KVCells(np.array([1, 0, 2, 3], dtype=np.int64))
     assert shuffled.block_order(2) is None  # a block out of position order
+
+
+live_ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("place"), st.integers(1, 10), st.sampled_from([1, 4, 16]), st.integers(0, 2)
+        ),
+        st.tuples(st.just("remove"), st.integers(-1, 40), st.integers(-1, 12), st.integers(-1, 2)),
+        st.tuples(st.just("shift"), st.integers(-1, 40), st.integers(1, 12), st.integers(-30, 30)),
+        st.tuples(st.just("copy"), st.integers(-1, 40), st.integers(-1, 12), st.integers(0, 2)),
+        st.tuples(st.just("clear"), st.just(0), st.just(0), st.just(0)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(live_ops)
+def test_the_live_cells_follow_every_call_as_the_plain_rules_do(steps) -> None:
+    """Decodes and restores in any sequence, seq_rm (one sequence or all, open bounds),
+    seq_add (cells pushed below 0 freed), seq_cp and clear, as a context makes them."""
+    cells, plain, next_pos = KVCells.empty(24), PlainCells(24), 0
+    for kind, a, b, c in steps:
+        if kind == "place":
+            n = min(a, 24 - cells.n_used)
+            if n == 0:
+                continue
+            positions = list(range(next_pos, next_pos + n))
+            next_pos += n
+            cells.place(np.array(positions, dtype=np.int64), b, seq=c)
+            for u0 in range(0, n, b):
+                plain.place_ubatch(positions[u0 : u0 + b], c)
+        elif kind == "remove":
+            p1 = -1 if b < 0 else a + b
+            cells.remove(a, p1, c)
+            plain.remove(a, p1, c)
+        elif kind == "shift":
+            cells.shift(c % 3, a, a + b, c)
+            plain.shift(c % 3, a, a + b, c)
+        elif kind == "copy":
+            p1 = -1 if b < 0 else a + b
+            cells.copy_seq(c, (c + 1) % 3, a, p1)
+            plain.copy_seq(c, (c + 1) % 3, a, p1)
+        else:
+            cells.clear()
+            plain = PlainCells(24)
+        assert cells.pos.tolist() == plain.pos and cells.head == plain.head
+        assert cells.seqs.tolist() == plain.masks()
+        assert cells.n_used == sum(p != FREE for p in plain.pos)
+
+
+def _laid(order: list[int], bt: int, n_cells: int) -> KVCells:
+    cells = KVCells.empty(n_cells)
+    for b in order:
+        cells.place(np.arange(b * bt, (b + 1) * bt, dtype=np.int64), bt)
+    return cells
+
+
+def test_a_lay_keeps_the_blocks_already_in_their_fresh_cells() -> None:
+    """Live cells hold blocks 0, 1, 5, 6 (cells 0-7); the fresh order is 0, 1, 2, 3: blocks
+    0 and 1 stay, 5 and 6 leave, 2 and 3 go in after them."""
+    live = _laid([0, 1, 5, 6], 2, 16)
+    plan = plan_lay(live, [0, 1, 2, 3], {0, 1, 5, 6}, {}, 2)
+    assert plan == LayPlan(2, (5, 6), (2, 3), False)
+    same = plan_lay(live, [0, 1, 5, 6], {0, 1, 5, 6}, {}, 2)
+    assert same == LayPlan(4, (), (), False)  # nothing to lay
+
+
+def test_a_moved_block_or_a_block_out_of_its_fresh_cell_is_laid_again() -> None:
+    live = _laid([0, 1, 5, 6], 2, 16)
+    live.shift(0, 2, 4, 6)  # block 1's cells hold positions 8, 9 now
+    moved = plan_lay(live, [0, 1, 5, 6], {0, 1, 5, 6}, {1: 8}, 2)
+    assert moved == LayPlan(1, (1, 5, 6), (1, 5, 6), False)
+    live = _laid([0, 1, 5, 6], 2, 16)
+    swapped = plan_lay(live, [0, 5, 1, 6], {0, 1, 5, 6}, {}, 2)
+    assert swapped == LayPlan(1, (1, 5, 6), (5, 1, 6), False)
+
+
+def test_a_lay_empties_the_context_when_evictions_cannot_free_the_cells_after() -> None:
+    live = _laid([0, 1, 5], 2, 16)
+    live.place(np.array([12], dtype=np.int64), 1)  # the open tail: not a block on the GPU
+    assert plan_lay(live, [0, 1], {0, 1, 5}, {}, 2) == LayPlan(0, (), (0, 1), True)
+    assert plan_lay(None, [0, 1], {0, 1}, {}, 2) == LayPlan(0, (), (0, 1), True)
+    far = _laid([0, 1, 5], 2, 16)
+    assert plan_lay(far, [0, 1, 2], {0, 1, 5}, {}, 2) == LayPlan(2, (5,), (2,), False)
+    far = _laid([0, 1], 2, 16)
+    far.head = 6  # a search would start past the free cells 4, 5
+    assert plan_lay(far, [0, 1, 2], {0, 1}, {}, 2) == LayPlan(0, (), (0, 1, 2), True)

@@ -32,6 +32,7 @@ class TraceKind(Enum):
     SWITCH = "SWITCH"  # the GPU window switched to another conversation
     CONV_EVICT = "CONV_EVICT"  # a warm conversation evicted past --kvmem-conversations
     SPANS_UNLOCATED = "SPANS_UNLOCATED"  # a chat prompt's spans not found in its rendering
+    CELLS_LAID = "CELLS_LAID"  # canonical order: a turn's start laid on a fresh prefill's cells
     CELLS_UNMODELLED = "CELLS_UNMODELLED"  # canonical order: a fresh prefill's cells unknown
 
 

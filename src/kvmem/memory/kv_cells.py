@@ -13,6 +13,7 @@ against the cells llama.cpp reports (the positions of a state blob, in cell orde
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,45 +23,100 @@ FREE = -1
 
 @dataclass(slots=True)
 class KVCells:
-    """The positions the cells hold (FREE: none) and the search head."""
+    """The positions the cells hold (FREE: none), the sequences holding each, the search
+    head. A live copy follows every change a context makes (LlamaContext.cells)."""
 
     pos: np.ndarray  # int64 [n_cells]: the position cell i holds, or FREE
     head: int = 0
+    seqs: np.ndarray | None = None  # uint8 [n_cells]: bit s set while sequence s holds it
+    n_used: int = 0  # cells some sequence holds
+
+    def __post_init__(self) -> None:
+        if self.seqs is None:  # positions alone: sequence 0 holds the cells in use
+            self.seqs = (self.pos != FREE).astype(np.uint8)  # uint8 [n_cells]
+        self.n_used = int(np.count_nonzero(self.seqs))
 
     @classmethod
     def empty(cls, n_cells: int) -> KVCells:
         return cls(np.full(n_cells, FREE, dtype=np.int64))
 
-    @property
-    def n_used(self) -> int:
-        return int(np.count_nonzero(self.pos != FREE))
+    def copy(self) -> KVCells:
+        return KVCells(self.pos.copy(), self.head, self.seqs.copy())
 
-    def remove(self, p0: int, p1: int) -> None:
-        """Free the cells holding positions [p0, p1) (llama_memory_seq_rm)."""
-        hit = np.flatnonzero((self.pos >= p0) & (self.pos < p1))  # int64 [freed]
+    def clear(self) -> None:
+        """Every cell free, the head at 0 (llama_memory_clear)."""
+        self.pos[:] = FREE
+        self.seqs[:] = 0
+        self.n_used = self.head = 0
+
+    def _holding(self, seq: int, p0: int, p1: int) -> np.ndarray:
+        """bool [n_cells]: the cells of `seq` (-1: any) at positions [p0, p1) (a bound
+        below 0: none on that side), as llama.cpp reads them."""
+        hi = p1 if p1 >= 0 else np.iinfo(np.int64).max
+        inside = (self.pos >= max(p0, 0)) & (self.pos < hi)  # bool [n_cells]
+        return inside if seq < 0 else inside & ((self.seqs >> seq) & 1).astype(bool)
+
+    def _free(self, cells: np.ndarray) -> None:
+        self.pos[cells] = FREE
+        self.seqs[cells] = 0
+        self.n_used -= len(cells)
+
+    def remove(self, p0: int, p1: int, seq: int = 0) -> None:
+        """`seq` (-1: every sequence) leaves the cells at positions [p0, p1); those no
+        sequence holds any more are freed, and the head goes back to the first of them
+        when that is lower (llama_memory_seq_rm)."""
+        hit = np.flatnonzero(self._holding(seq, p0, p1))  # int64 [hit]
+        if not hit.size:
+            return
+        if seq >= 0:
+            self.seqs[hit] &= np.uint8(~(1 << seq) & 0xFF)
+            hit = hit[self.seqs[hit] == 0]
+        self._free(hit)
         if hit.size:
-            self.pos[hit] = FREE
             self.head = min(self.head, int(hit[0]))
 
-    def place(self, positions: np.ndarray, ubatch: int) -> None:
-        """Cells for `positions` (int64 [n]), decoded or restored in ubatches of `ubatch`."""
-        for u0 in range(0, len(positions), ubatch):
-            self._place_ubatch(positions[u0 : u0 + ubatch])
+    def shift(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Positions [p0, p1) of `seq` move by `delta`; a cell moved below 0 is freed; the
+        head goes to the first freed cell, else to 0 (llama_memory_seq_add)."""
+        if delta == 0 or max(p0, 0) == (p1 if p1 >= 0 else np.iinfo(np.int64).max):
+            return
+        hit = np.flatnonzero(self._holding(seq, p0, p1))  # int64 [hit]
+        self.pos[hit] += delta
+        gone = hit[self.pos[hit] < 0]  # int64 [gone]
+        self._free(gone)
+        self.head = int(gone[0]) if gone.size else 0
 
-    def _place_ubatch(self, positions: np.ndarray) -> None:
-        n = len(positions)
+    def copy_seq(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """`dst` joins `src` in its cells at positions [p0, p1) (llama_memory_seq_cp, one
+        stream: the cells stay)."""
+        if src != dst:
+            self.seqs[self._holding(src, p0, p1)] |= np.uint8(1 << dst)
+
+    def place(self, positions: np.ndarray, ubatch: int, seq: int = 0) -> None:
+        """Cells for `positions` (int64 [n]) of `seq`, decoded or restored in ubatches of
+        `ubatch` (a restored blob is one ubatch)."""
+        for u0 in range(0, len(positions), ubatch):
+            self._place_ubatch(positions[u0 : u0 + ubatch], seq)
+
+    def _place_ubatch(self, positions: np.ndarray, seq: int) -> None:
+        n, size = len(positions), len(self.pos)
         start = 0 if self.head > self.n_used + 2 * n else self.head
-        free = np.flatnonzero(self.pos == FREE)  # int64 [n_free], ascending
-        if len(free) < n:
-            raise ValueError(f"{n} positions do not fit {len(free)} free cells")
-        order = np.concatenate([free[free >= start], free[free < start]])  # from the head on
-        taken = order[:n]  # int64 [n]
+        if start + n <= size and not self.seqs[start : start + n].any():
+            taken = np.arange(start, start + n, dtype=np.int64)  # int64 [n]: the usual case
+        else:
+            free = np.flatnonzero(self.seqs == 0)  # int64 [n_free], ascending
+            if len(free) < n:
+                raise ValueError(f"{n} positions do not fit {len(free)} free cells")
+            order = np.concatenate([free[free >= start], free[free < start]])  # from the head
+            taken = order[:n]  # int64 [n]
         self.pos[taken] = positions
+        self.seqs[taken] = np.uint8(1 << seq)
+        self.n_used += n
         self.head = int(taken[-1]) + 1  # at the end: the next search wraps to cell 0
 
-    def layout(self) -> np.ndarray:
-        """The positions held, in cell order (int64 [n_used])."""
-        return self.pos[self.pos != FREE]
+    def layout(self, seq: int = 0) -> np.ndarray:
+        """The positions `seq` holds, in cell order (int64 [cells of seq])."""
+        return self.pos[((self.seqs >> seq) & 1).astype(bool)]
 
     def packed(self) -> bool:
         """Whether the cells in use are cells 0 .. n_used - 1."""
@@ -98,3 +154,53 @@ class FreshCells:
         self.on_gpu &= keep
         self.cells.place(np.arange(start, end, dtype=np.int64), self.ubatch)
         self.on_gpu.update(range(start // bt, end // bt))
+
+
+@dataclass(frozen=True, slots=True)
+class LayPlan:
+    """How a warm session reaches a fresh prefill's cells (a block order packed from cell
+    0, `KVCells.block_order`): its first `kept` blocks stay where the session holds them
+    already; `evict` leave; `restore`, the order's rest, go in from there, one after the
+    other. With `clear`, the evictions cannot free the cells after the kept ones alone (or
+    the live cells are not known): the context is emptied and the whole order restored."""
+
+    kept: int
+    evict: tuple[int, ...]  # ascending
+    restore: tuple[int, ...]  # in cell order
+    clear: bool
+
+
+def plan_lay(
+    live: KVCells | None,
+    order: Sequence[int],
+    on_gpu: Collection[int],
+    starts: Mapping[int, int],
+    block_tokens: int,
+) -> LayPlan:
+    """Pure. `live`: the context's cells (sequence 0 alone holding them), None if unknown;
+    `order`: the fresh cells' blocks; `on_gpu`: the blocks in the context, each at
+    `starts[b]` (its first position; its own, b * block_tokens, when absent)."""
+    bt, gpu = block_tokens, set(on_gpu)
+    whole = LayPlan(0, (), tuple(order), True)
+    if live is None:
+        return whole
+    kept = 0
+    for i, b in enumerate(order):
+        own = np.arange(b * bt, (b + 1) * bt, dtype=np.int64)  # [bt]
+        cells = slice(i * bt, (i + 1) * bt)
+        moved = starts.get(b, b * bt) != b * bt
+        if b not in gpu or moved or not np.array_equal(live.pos[cells], own):
+            break
+        if np.any(live.seqs[cells] != 1):
+            break
+        kept += 1
+    evict = tuple(sorted(gpu.difference(order[:kept])))
+    after = live.copy()
+    for b in evict:
+        p = starts.get(b, b * bt)
+        after.remove(p, p + bt)
+    # the restores then take the cells from kept * bt on, in order, only if nothing else
+    # is left and the search starts at or before them
+    if after.n_used != kept * bt or not after.packed() or after.head > kept * bt:
+        return whole
+    return LayPlan(kept, evict, tuple(order[kept:]), False)

@@ -15,6 +15,7 @@ import numpy as np
 
 from kvmem.errors import DecodeError, KVTransferError, ModelLoadError
 from kvmem.memory.ggml_types import GgmlType
+from kvmem.memory.kv_cells import KVCells
 
 from ..media.media_prefill import decode_mixed, has_standins
 from .batch_rows import MAIN_SEQ, N_SEQ, fill_rows
@@ -129,17 +130,36 @@ class LlamaContext:
         self.embd_batch = None  # media_prefill.EmbdBatch, made on the first image
         self.observer: MainSeqObserver | None = None  # mtp_draft.MtpDrafter with draft-mtp
         self.warmup_tokens = 0  # tokens decoded by warm_up (--warmup)
+        # the cells, as llama.cpp places them, followed through this class's calls once
+        # `track_cells` asks (None: not followed, or not known since an untracked change)
+        self.cells: KVCells | None = None
+        self._tracking = False
+
+    def track_cells(self) -> None:
+        """Follow where llama.cpp puts every cell (memory/kv_cells.py) from now on: known
+        at once when the memory is empty, else from its next clear."""
+        self._tracking = True
+        empty = all(self.seq_pos_max(s) < 0 for s in range(self.settings.n_seq_max))
+        self.cells = KVCells.empty(self.n_cells) if empty else None
+
+    def _cells_unknown(self) -> None:
+        self.cells = None
 
     # decoding --------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int], start_pos: int, logits: Sequence[bool]) -> None:
         """Decode `tokens` at positions start_pos.. on the main sequence."""
         if self.vision is not None and has_standins(tokens):
+            self._cells_unknown()  # not followed through image batches
             decode_mixed(self, tokens, start_pos, logits)  # image rows among the tokens
             return
         self._batch.fill(tokens, start_pos, logits)
         rc = llama_cpp.llama_decode(self.ptr, self._batch.raw)
         if rc != 0:
+            self._cells_unknown()
             raise DecodeError(f"llama_decode failed with code {rc} at position {start_pos}")
+        if self.cells is not None:
+            positions = np.arange(start_pos, start_pos + len(tokens), dtype=np.int64)  # [n]
+            self.cells.place(positions, self.n_ubatch, MAIN_SEQ)
         if self.observer is not None:
             self.observer.after_decode(self, tokens, start_pos)
 
@@ -173,12 +193,16 @@ class LlamaContext:
     def seq_rm(self, seq: int, p0: int, p1: int) -> None:
         if not llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1):
             raise KVTransferError(f"seq_rm({seq}, {p0}, {p1}) failed")
+        if self.cells is not None:
+            self.cells.remove(p0, p1, seq)
         if seq == MAIN_SEQ and self.observer is not None:
             self.observer.after_seq_rm(p0, p1)
 
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
         """Shift the positions of seq's cells in [p0, p1) by delta (RoPE re-applied lazily)."""
         llama_cpp.llama_memory_seq_add(self.mem, seq, p0, p1, delta)
+        if self.cells is not None:
+            self.cells.shift(seq, p0, p1, delta)
         if seq == MAIN_SEQ and self.observer is not None:
             self.observer.after_seq_add(p0, p1, delta)
 
@@ -198,12 +222,16 @@ class LlamaContext:
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+        if self.cells is not None:
+            self.cells.copy_seq(src, dst, p0, p1)
 
     def seq_pos_max(self, seq: int = MAIN_SEQ) -> int:
         return llama_cpp.llama_memory_seq_pos_max(self.mem, seq)
 
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.mem, True)
+        if self._tracking:
+            self.cells = KVCells.empty(self.n_cells)
         if self.observer is not None:
             self.observer.after_seq_rm(-1, -1)
 
@@ -223,13 +251,30 @@ class LlamaContext:
             raise KVTransferError(f"llama_state_seq_get_data({seq}, flags={flags}) failed")
         return memoryview(buf)[:n]
 
-    def set_state(self, blob: bytes | np.ndarray, seq: int, flags: int = 0) -> None:
+    def set_state(
+        self,
+        blob: bytes | np.ndarray,
+        seq: int,
+        flags: int = 0,
+        positions: np.ndarray | None = None,
+    ) -> None:
+        """Write a state blob into `seq`; `positions` (int64 [cells], in the blob's order)
+        are those of its KV cells, for the cells followed (`track_cells`); a blob of the
+        recurrent part alone (flags PARTIAL_ONLY) has none."""
         buf = np.frombuffer(blob, dtype=np.uint8)  # [size], no copy
         n = llama_cpp.llama_state_seq_set_data_ext(self.ptr, _u8_ptr(buf), len(buf), seq, flags)
         if n == 0:
+            self._cells_unknown()
             raise KVTransferError(
                 f"llama_state_seq_set_data({seq}, flags={flags}) failed (no free cells?)"
             )
+        if self.cells is None or flags & llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY:
+            return
+        if positions is None:
+            self._cells_unknown()
+            return
+        self.cells.remove(-1, -1, seq)  # the sequence's cells go first, then one ubatch
+        self.cells.place(positions, max(len(positions), 1), seq)
 
     def close(self) -> None:
         if self.ptr:

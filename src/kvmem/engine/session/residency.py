@@ -16,28 +16,18 @@ from collections.abc import Collection, Mapping, Sequence
 
 from kvmem.config import CellOrder, KVMemConfig
 from kvmem.memory.block_table import BlockTable
+from kvmem.memory.kv_cells import plan_lay
 from kvmem.memory.layout import PositionMode
 from kvmem.memory.planner import PlannerConfig, RetrievalMethod, WindowPlan
 from kvmem.memory.retrieval_index import RetrievalIndex
 from kvmem.memory.spans import TokenSpan
 
 from ..llama.context import LlamaContext
-from ..trace import Moves, Tracer
+from ..trace import Moves, TraceKind, Tracer
 from ..transfer.kv_transfer import KVTransfer
 from .window_plans import planner_config
 
 logger = logging.getLogger(__name__)
-
-
-def _ascending_runs(blocks: Sequence[int]) -> list[list[int]]:
-    """`blocks` cut where an id is not above the one before it."""
-    runs: list[list[int]] = []
-    for b in blocks:
-        if runs and b > runs[-1][-1]:
-            runs[-1].append(b)
-        else:
-            runs.append([b])
-    return runs
 
 
 class WindowResidency:
@@ -67,6 +57,8 @@ class WindowResidency:
         self._groups: tuple[TokenSpan, ...] = ()  # the prompt's image groups (spans.groups)
         self.waiting: list[int] = []  # complete GPU blocks not yet harvested, ascending
         self.positions = config.positions
+        if config.enabled and config.cell_order is CellOrder.CANONICAL:
+            ctx.track_cells()  # a turn then lays only the cells that differ (lay_as_fresh)
         if self.positions is not PositionMode.ORIGINAL and not ctx.can_shift:
             logger.warning("this model's cache cannot shift positions: blocks stay in place")
             self.positions = PositionMode.ORIGINAL
@@ -139,12 +131,16 @@ class WindowResidency:
         self.table.mark_off_gpu(block_ids)
         return moves
 
-    def restore(self, starts: Mapping[int, int], relaid: Collection[int] = ()) -> Moves:
-        """Copy host blocks in at `starts` (block id -> first position); those of `relaid`
-        were on the GPU before (lifted: counted apart from the stage-in)."""
+    def restore(
+        self, starts: Mapping[int, int], relaid: Collection[int] = (), *, ordered: bool = False
+    ) -> Moves:
+        """Copy host blocks in at `starts` (block id -> first position), their cells in id
+        order (`ordered`: in the mapping's order); those of `relaid` were on the GPU before
+        (laid again: counted apart from the stage-in)."""
         if not starts:
             return Moves()
-        res = self.transfer.restore(sorted(starts), starts)
+        ids = list(starts) if ordered else sorted(starts)
+        res = self.transfer.restore(ids, starts, ordered=ordered)
         bt = self.table.block_tokens
         for b in res.block_ids:
             if starts[b] != b * bt:
@@ -179,16 +175,30 @@ class WindowResidency:
         return self.transfer.hybrid is None and self.ctx.observer is None
 
     def lay_as_fresh(self, blocks: Sequence[int]) -> Moves:
-        """Empty the context and restore `blocks` in that order from cell 0 (the blocks a
-        fresh prefill holds, in its cell order: KVCells.block_order)."""
+        """Lay `blocks` in that order from cell 0 (the blocks a fresh prefill holds, in its
+        cell order: KVCells.block_order): those already in their fresh cells stay, the
+        others leave, and the rest of the order is restored after them; where the cells
+        are not known, or evictions cannot make that room, the context is emptied first."""
         bt = self.table.block_tokens
         moves = self.flush()
-        held = set(self.table.gpu_blocks())  # laid again; the others are staged in
-        self.ctx.clear()
-        self.table.mark_off_gpu(list(held))
-        self.moved.clear()
-        for run in _ascending_runs(blocks):  # a restore lays its blocks in id order
-            moves += self.restore({b: b * bt for b in run}, relaid=held.intersection(run))
+        held = set(self.table.gpu_blocks())  # laid again where restored; the others staged in
+        plan = plan_lay(self.ctx.cells, blocks, held, self.moved, bt)
+        if plan.clear:
+            self.ctx.clear()
+            self.table.mark_off_gpu(list(held))
+            self.moved.clear()
+        else:
+            moves += self.evict(plan.evict)
+            moves.evicted_blocks += len(set(plan.evict).difference(plan.restore))
+        laid = {b: b * bt for b in plan.restore}  # one restore, its cells in the fresh order
+        moves += self.restore(laid, relaid=held.intersection(laid), ordered=True)
+        self.tracer.emit(
+            TraceKind.CELLS_LAID,
+            kept=plan.kept,
+            evicted=len(plan.evict),
+            restored=len(plan.restore),
+            cleared=int(plan.clear),
+        )
         return moves
 
     def reset(self) -> None:

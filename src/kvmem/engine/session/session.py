@@ -31,13 +31,13 @@ from ..query.query_cache import SpanRows
 from ..trace import FinishReason, PrefillProgress, TraceKind, TurnStats
 from ..transfer.transfer_profile import TransferPath
 from .ahead import begin_ahead
+from .cell_order import turn_cells
 from .decode import decode_tokens
 from .generation import Generation
 from .parts import SessionParts
 from .prefill import prefill_chunks
 from .turn_plan import TurnInputs, TurnPlan, plan_turn
 from .turn_trace import trace_gen, trace_prefill, trace_query
-from .window_plans import FreshPrefill, StreamAt, fresh_cells
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class KVMemSession:
         self.grid, self.queries, self.rows = parts.grid, parts.queries, parts.rows
         self.source, self.ssm, self.spec = parts.source, parts.ssm, parts.spec
         self.spec_target, self.ahead, self.runner = parts.spec_target, parts.ahead, parts.runner
+        self.cells = turn_cells(self.window, self.grid, self.config, self.tracer)
         self.last_query: QueryVectors | None = None
         self.frontier: int | None = None  # first position whose KV saw a chosen window
         self.force_spans: tuple[TokenSpan, ...] = ()  # oracle: spans every plan must hold
@@ -213,32 +214,13 @@ class KVMemSession:
         if reused < self.table.n_tokens:
             reused = self.ssm.rewind_to(reused)
             self._truncate(reused, stats)
-        if self.window.keeps_order and self.runner.bounded:
-            self._lay_as_fresh(reused, stats)
+        if self.runner.bounded:
+            stats.add(self.cells.start_turn(reused, plan.spans))
         self.frontier = None
         stats.cached_tokens = reused
         stats.reprocessed_tokens = plan.common - reused
         self._report_progress(stats)
         return reused
-
-    def _lay_as_fresh(self, reused: int, stats: TurnStats) -> None:
-        """Go on from `reused` on the cells a fresh prefill holds there (the canonical cell
-        order); where the model does not cover the prompt, on these cells, traced."""
-        cells = fresh_cells(self.config, self._fresh(), reused)
-        order = None if cells is None else cells.block_order(self.table.block_tokens)
-        if order is None:
-            self.tracer.emit(TraceKind.CELLS_UNMODELLED, at=reused)
-            logger.warning(
-                "canonical cell order: no model of a fresh prefill's cells at %d", reused
-            )
-            return
-        stats.add(self.window.lay_as_fresh(order))
-
-    def _fresh(self) -> FreshPrefill:
-        """What fixes the cells a fresh prefill of this turn's prompt fills."""
-        g, room = self.grid, self.window.capacity - self.grid.chunk_tokens
-        n_ubatch, n_cells = self.ctx.n_ubatch, self.ctx.n_cells
-        return FreshPrefill(self._spans, room, g.chunk_tokens, g.stream_grid, n_ubatch, n_cells)
 
     def _report_progress(self, stats: TurnStats) -> None:
         if self._progress is not None:
@@ -356,9 +338,7 @@ class KVMemSession:
             return
         n = self.table.n_tokens
         position = n if self.frontier is None else min(self.frontier, n)
-        room = self.window.capacity - self.grid.chunk_tokens
-        at = StreamAt(position, self._spans, room, self.grid.stream_grid)
-        self.window.prepare_next_stream(at)
+        self.cells.prepare_next(position, self._spans)
 
     def _spill_frontier(self, stats: TurnStats, n_prompt: int) -> None:
         """Generated tokens that saw blocks leave (spill, eviction) are recomputed next turn."""

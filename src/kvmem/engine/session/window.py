@@ -47,6 +47,7 @@ from .window_plans import (
     StreamAt,
     StreamPlan,
     keep_from,
+    next_lay_restore,
     next_stream_stage_in,
     plan_cut,
     plan_room_for,
@@ -88,6 +89,13 @@ class GpuWindow(WindowResidency):
         only by a restore of exactly those blocks, still stored as they were)."""
         stage_in = next_stream_stage_in(self.table, self.moved, self.config, at)
         return self.transfer.prepare(stage_in)
+
+    def prepare_next_lay(self, resume: int, order: Sequence[int]) -> bool:
+        """Between turns, in the canonical cell order: build the blobs of the restore that
+        lays the next turn's cells when it goes on from `resume` on the fresh cells whose
+        blocks are `order` (window_plans.next_lay_restore; read only)."""
+        laid = next_lay_restore(self.table, self.moved, self.ctx.cells, resume, order)
+        return self.transfer.prepare(laid, ordered=True)
 
     def note_groups(self, groups: Sequence[TokenSpan]) -> None:
         """The token ranges (images) that evictions outside the planner keep whole."""

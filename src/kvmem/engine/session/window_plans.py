@@ -16,7 +16,7 @@ from kvmem.config import KVMemConfig
 from kvmem.errors import KVTransferError
 from kvmem.memory.block_table import BlockTable
 from kvmem.memory.eviction import Residency, RoomPlan, plan_room
-from kvmem.memory.kv_cells import FreshCells, KVCells
+from kvmem.memory.kv_cells import FreshCells, KVCells, plan_lay
 from kvmem.memory.planner import PlannerConfig, RetrievalMethod, WindowPlan, stream_window
 from kvmem.memory.spans import PromptSpans, TokenSpan
 
@@ -101,6 +101,31 @@ def next_stream_stage_in(
     done = min(at.position // bt, table.n_complete_blocks)  # complete after the cut
     keep = chunk_keep(config, at, done, bt)
     return tuple(sorted(b for b in keep if b < done and (not table.is_on_gpu(b) or b in moved)))
+
+
+def next_lay_restore(
+    table: BlockTable,
+    moved: Mapping[int, int],
+    cells: KVCells | None,
+    resume: int,
+    order: Sequence[int],
+) -> tuple[int, ...]:
+    """The blocks, in cell order, that the next turn's lay restores (canonical cell order)
+    when it goes on from `resume` (a chunk start) on the fresh cells whose blocks are
+    `order`: the history cut there first (moved blocks leave, `plan_cut`), then
+    `plan_lay`. Pure; a prediction, exact when the next request extends the history from
+    there with the same control spans."""
+    if cells is None:
+        return tuple(order)
+    bt = table.block_tokens
+    cut = plan_cut(table, moved, resume, keep_window=False)
+    after = cells.copy()
+    for b in cut.evict:
+        p = moved.get(b, b * bt)
+        after.remove(p, p + bt)
+    after.remove(resume, -1)
+    kept = [b for b in table.gpu_blocks() if b not in cut.evict and (b + 1) * bt <= resume]
+    return plan_lay(after, order, kept, {}, bt).restore
 
 
 @dataclass(frozen=True, slots=True)

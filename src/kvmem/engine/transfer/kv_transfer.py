@@ -227,17 +227,22 @@ class KVTransfer:
                 self.index.add_blocks([BlockKeys(b.block_id, b.positions, b.k) for b in blocks])
 
     def restore(
-        self, block_ids: Sequence[int], starts: Mapping[int, int] | None = None
+        self,
+        block_ids: Sequence[int],
+        starts: Mapping[int, int] | None = None,
+        *,
+        ordered: bool = False,
     ) -> TransferResult:
         """Copy host blocks into the context, at `starts[b]` or else their own positions
-        (with the blobs `prepare` built, when it built exactly these blocks')."""
+        (with the blobs `prepare` built, when it built exactly these blocks'): their cells
+        in ascending block order, or with `ordered` in the order given."""
         if not block_ids:
             return TransferResult(0, 0, 0.0)
         if self.layout is None:
             raise KVTransferError("restore before any harvest")
         self.flush()
         t0 = time.perf_counter()
-        ids, starts = sorted(block_ids), starts or {}
+        ids, starts = list(block_ids) if ordered else sorted(block_ids), starts or {}
         ready = self.ahead.take(ids) if self.ahead is not None else None
         if ready is not None and ready.versions != tuple(self.store.version(b) for b in ids):
             logger.debug("restore blobs built ahead are stale (blocks stored again): rebuilt")
@@ -264,14 +269,15 @@ class KVTransfer:
             built_ahead=built_ahead,
         )
 
-    def prepare(self, block_ids: Sequence[int]) -> bool:
-        """Build the blobs of a coming restore of exactly `block_ids` (host blocks) on the
-        builder's thread, beside the prefill; False when none is built (no staging buffer,
-        nothing harvested yet, a block not in the store, or too large). A build already
-        in hand of exactly those blocks, still stored as they were, is kept."""
+    def prepare(self, block_ids: Sequence[int], *, ordered: bool = False) -> bool:
+        """Build the blobs of a coming restore of exactly `block_ids` (host blocks; in that
+        order with `ordered`, as `restore` takes them) on the builder's thread, beside the
+        prefill; False when none is built (no staging buffer, nothing harvested yet, a
+        block not in the store, or too large). A build already in hand of exactly those
+        blocks, still stored as they were, is kept."""
         if self.ahead is None or self.layout is None or not block_ids:
             return False
-        ids = sorted(block_ids)
+        ids = list(block_ids) if ordered else sorted(block_ids)
         if not self._pending_ids.isdisjoint(ids):  # a block still on its way to the store
             self.flush()
         if any(b not in self.store for b in ids):
@@ -363,8 +369,9 @@ class KVTransfer:
         """State-write `blob` (the cells of `blocks`) and put them at `starts` in the main
         sequence."""
         prof = self.profile
+        positions = np.concatenate([b.positions for b in blocks]).astype(np.int64)  # [cells]
         with prof.timed(TransferPath.STATE_SET, len(blob)):
-            self.ctx.set_state(blob, RESTORE_SEQ)
+            self.ctx.set_state(blob, RESTORE_SEQ, positions=positions)
         bt = self.table.block_tokens
         own = {b.block_id: b.block_id * bt for b in blocks}
         target = {b: starts.get(b, p) for b, p in own.items()}

@@ -50,7 +50,7 @@ class ReadyBlob:
     each on its own job: the restore sends a piece as soon as it is built, while the
     builder goes on with the next."""
 
-    pieces: list[list[BlockKV]]  # ascending block ids, piece after piece
+    pieces: list[list[BlockKV]]  # the restore's blocks in its order, piece after piece
     jobs: list[Future[BuiltPiece]]  # one per piece, run in order
     versions: tuple[int, ...]  # the store's version of each block when the build started
     build_ms: float = 0.0  # of the pieces received, on the builder's thread
@@ -125,11 +125,11 @@ class RestoreAhead:
 
     @property
     def building(self) -> tuple[int, ...]:
-        """The blocks of the build in hand, ascending (empty: none)."""
+        """The blocks of the build in hand, in the restore's order (empty: none)."""
         return () if self._ready is None else self._ready.block_ids
 
     def holds(self, wanted: Sequence[int], versions: Sequence[int]) -> bool:
-        """Whether the build in hand is of exactly the blocks `wanted` (ascending) at the
+        """Whether the build in hand is of exactly the blocks `wanted` (in order) at the
         store's `versions` (a second prediction of the same restore keeps it going)."""
         ready = self._ready
         if ready is None:
@@ -137,7 +137,7 @@ class RestoreAhead:
         return ready.block_ids == tuple(wanted) and ready.versions == tuple(versions)
 
     def take(self, wanted: Sequence[int]) -> ReadyBlob | None:
-        """The build, if it holds exactly the blocks `wanted` (ascending), which uses it up
+        """The build, if it holds exactly the blocks `wanted` (in order), which uses it up
         (its pieces are waited for one by one, `ReadyBlob.piece`); else None, at once
         (another restore: it waits for its own)."""
         ready = self._ready
