@@ -226,10 +226,10 @@ def test_a_moved_block_or_a_block_out_of_its_fresh_cell_is_laid_again() -> None:
     live = _laid([0, 1, 5, 6], 2, 16)
     live.shift(0, 2, 4, 6)  # block 1's cells hold positions 8, 9 now
     moved = plan_lay(live, [0, 1, 5, 6], {0, 1, 5, 6}, {1: 8}, 2)
-    assert moved == LayPlan(1, (1, 5, 6), (1, 5, 6), False)
+    assert moved == LayPlan(3, (1,), (1,), False)  # 1 leaves and comes back to cells 2, 3
     live = _laid([0, 1, 5, 6], 2, 16)
     swapped = plan_lay(live, [0, 5, 1, 6], {0, 1, 5, 6}, {}, 2)
-    assert swapped == LayPlan(1, (1, 5, 6), (5, 1, 6), False)
+    assert swapped == LayPlan(2, (1, 5), (5, 1), False)  # 0 and 6 stay
 
 
 def test_a_lay_empties_the_context_when_evictions_cannot_free_the_cells_after() -> None:
@@ -242,3 +242,38 @@ def test_a_lay_empties_the_context_when_evictions_cannot_free_the_cells_after() 
     far = _laid([0, 1], 2, 16)
     far.head = 6  # a search would start past the free cells 4, 5
     assert plan_lay(far, [0, 1, 2], {0, 1}, {}, 2) == LayPlan(0, (), (0, 1, 2), True)
+
+
+@st.composite
+def _lays(draw: st.DrawFn) -> tuple[KVCells, list[int], int]:
+    """Live cells made by block decodes and evictions, a fresh order of some blocks, and
+    the size of the pieces a restore goes in."""
+    live, on = KVCells.empty(32), []
+    for b in draw(st.lists(st.integers(0, 9), max_size=14)):
+        if b in on:
+            live.remove(2 * b, 2 * b + 2)
+            on.remove(b)
+        elif live.n_used + 2 <= 32:
+            live.place(np.arange(2 * b, 2 * b + 2, dtype=np.int64), 2)
+            on.append(b)
+    order = draw(st.permutations(range(10)).map(lambda p: p[: draw(st.integers(0, 10))]))
+    return live, list(order), draw(st.sampled_from([2, 4, 20]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_lays())
+def test_a_lay_applied_leaves_exactly_the_fresh_cells(case) -> None:
+    """Whatever the live cells, the plan's evictions and then its restore (one blob, in
+    pieces) leave the fresh order's blocks packed from cell 0 in that order."""
+    live, order, piece = case
+    on_gpu = {int(p) // 2 for p in live.layout()}
+    plan = plan_lay(live, order, on_gpu, {}, 2)
+    if plan.clear:
+        live.clear()
+    for b in plan.evict:
+        live.remove(2 * b, 2 * b + 2)
+    cells = np.concatenate([np.arange(2 * b, 2 * b + 2) for b in plan.restore] or [[]])
+    for p0 in range(0, len(cells), piece):
+        live.place(cells[p0 : p0 + piece].astype(np.int64), piece)
+    assert live.block_order(2) == order or (order == [] and live.n_used == 0)
+    assert plan.kept + len(plan.restore) == len(order)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,7 +10,10 @@ from hypothesis import strategies as st
 from kvmem.config import KVMemConfig
 from kvmem.engine.session.window_plans import (
     NO_ROOM_NEEDED,
+    FreshPrefill,
     StreamAt,
+    fresh_cells,
+    next_lay_restore,
     next_stream_stage_in,
     plan_cut,
     plan_room_for,
@@ -18,6 +22,7 @@ from kvmem.engine.session.window_plans import (
 )
 from kvmem.errors import KVTransferError
 from kvmem.memory.block_table import BlockTable
+from kvmem.memory.kv_cells import KVCells
 from kvmem.memory.spans import PromptSpans
 
 BT = 16
@@ -86,6 +91,44 @@ def test_the_next_turns_stream_stage_in_is_the_cut_then_the_stream_plan(case) ->
     table.mark_off_gpu(cut.evict)
     table.truncate(at.position)
     assert predicted == plan_stream(table, {}, CONFIG, at).stage_in
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 12), st.integers(0, 12), st.integers(1, 6))
+def test_a_fresh_prefill_modelled_on_from_a_run_is_the_one_modelled_whole(a, b, room) -> None:
+    """Chunks of 32 tokens: the cells at the later chunk start are the same whether the
+    model starts at 0 or goes on from the earlier one, and the run it went on from stays."""
+    first, last = sorted((a * 32, b * 32))
+    fresh = FreshPrefill(NO_SPANS, room * BT, 32, 32, 8, 512)
+    run = fresh_cells(CONFIG, fresh, first)
+    before = run.cells.cells.pos.tolist()
+    went_on, whole = fresh_cells(CONFIG, fresh, last, run), fresh_cells(CONFIG, fresh, last)
+    assert went_on.position == whole.position == last
+    assert went_on.cells.cells.pos.tolist() == whole.cells.cells.pos.tolist()
+    assert went_on.cells.cells.head == whole.cells.cells.head
+    assert went_on.cells.on_gpu == whole.cells.on_gpu
+    assert run.position == first and run.cells.cells.pos.tolist() == before
+
+
+def _cells(blocks: list[int]) -> KVCells:
+    """Each block at its own positions, in this cell order from cell 0."""
+    cells = KVCells.empty(256)
+    for b in blocks:
+        cells.place(np.arange(b * BT, (b + 1) * BT, dtype=np.int64), BT)
+    return cells
+
+
+def test_the_next_lay_is_the_cut_then_the_fresh_order_past_the_blocks_in_place() -> None:
+    """Blocks 0, 1, 5, 6 in cells 0-63; the next turn goes on from 64 on fresh cells 0, 1,
+    2, 3: the cut drops 5 and 6, blocks 0 and 1 stay where they are, 2 and 3 go in. With
+    block 3 moved to block 1's positions, the cut evicts it and 1, 2, 3 go in after 0."""
+    table = _table(112, gpu=[0, 1, 5, 6])
+    assert next_lay_restore(table, {}, _cells([0, 1, 5, 6]), 64, [0, 1, 2, 3]) == (2, 3)
+    moved = _cells([0, 3, 5, 6])
+    moved.shift(0, 48, 64, -32)  # block 3's cells at positions 16-31
+    table = _table(112, gpu=[0, 3, 5, 6])
+    assert next_lay_restore(table, {3: 16}, moved, 64, [0, 1, 2, 3]) == (1, 2, 3)
+    assert next_lay_restore(table, {}, None, 64, [0, 1, 2, 3]) == (0, 1, 2, 3)  # unknown
 
 
 def test_room_not_needed_is_the_empty_choice() -> None:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .block_table import block_runs
+
 FREE = -1
 
 
@@ -146,11 +148,14 @@ class FreshCells:
     ubatch: int
     on_gpu: set[int] = field(default_factory=set)  # complete blocks in the cells
 
+    def copy(self) -> FreshCells:
+        return FreshCells(self.cells.copy(), self.block_tokens, self.ubatch, set(self.on_gpu))
+
     def chunk(self, start: int, end: int, keep: set[int]) -> None:
         """A chunk [start, end): the blocks outside `keep` leave, its tokens come in."""
         bt = self.block_tokens
-        for b in sorted(self.on_gpu - keep):
-            self.cells.remove(b * bt, (b + 1) * bt)
+        for run in block_runs(list(self.on_gpu - keep)):  # one seq_rm a run: the same
+            self.cells.remove(run.start * bt, run.stop * bt)  # cells and head as a block each
         self.on_gpu &= keep
         self.cells.place(np.arange(start, end, dtype=np.int64), self.ubatch)
         self.on_gpu.update(range(start // bt, end // bt))
@@ -159,10 +164,12 @@ class FreshCells:
 @dataclass(frozen=True, slots=True)
 class LayPlan:
     """How a warm session reaches a fresh prefill's cells (a block order packed from cell
-    0, `KVCells.block_order`): its first `kept` blocks stay where the session holds them
-    already; `evict` leave; `restore`, the order's rest, go in from there, one after the
-    other. With `clear`, the evictions cannot free the cells after the kept ones alone (or
-    the live cells are not known): the context is emptied and the whole order restored."""
+    0, `KVCells.block_order`): `kept` blocks of the order stay, being where the session
+    holds them already; `evict` leave; `restore`, the order's other blocks in cell order,
+    go in as one restore, which takes the cells they left free, in index order. With
+    `clear`, the evictions cannot leave exactly the kept blocks' cells in use with the
+    search head at or before the first free one (or the live cells are not known): the
+    context is emptied and the whole order restored."""
 
     kept: int
     evict: tuple[int, ...]  # ascending
@@ -182,25 +189,33 @@ def plan_lay(
     `starts[b]` (its first position; its own, b * block_tokens, when absent)."""
     bt, gpu = block_tokens, set(on_gpu)
     whole = LayPlan(0, (), tuple(order), True)
-    if live is None:
+    if live is None or len(order) * bt > len(live.pos):
         return whole
-    kept = 0
-    for i, b in enumerate(order):
-        own = np.arange(b * bt, (b + 1) * bt, dtype=np.int64)  # [bt]
-        cells = slice(i * bt, (i + 1) * bt)
-        moved = starts.get(b, b * bt) != b * bt
-        if b not in gpu or moved or not np.array_equal(live.pos[cells], own):
-            break
-        if np.any(live.seqs[cells] != 1):
-            break
-        kept += 1
-    evict = tuple(sorted(gpu.difference(order[:kept])))
+    in_place = [_in_place(live, i, b, gpu, starts, bt) for i, b in enumerate(order)]
+    kept = {b for b, ok in zip(order, in_place, strict=True) if ok}
+    evict = tuple(sorted(gpu - kept))
     after = live.copy()
     for b in evict:
         p = starts.get(b, b * bt)
         after.remove(p, p + bt)
-    # the restores then take the cells from kept * bt on, in order, only if nothing else
-    # is left and the search starts at or before them
-    if after.n_used != kept * bt or not after.packed() or after.head > kept * bt:
+    wanted = np.zeros(len(live.pos), dtype=bool)  # bool [n_cells]: the kept blocks' cells
+    for i, ok in enumerate(in_place):
+        wanted[i * bt : (i + 1) * bt] = ok
+    holding = after.seqs != 0  # bool [n_cells]
+    first_free = int(np.argmin(holding)) if not holding.all() else len(holding)
+    if not np.array_equal(holding, wanted) or after.head > first_free:
         return whole
-    return LayPlan(kept, evict, tuple(order[kept:]), False)
+    restore = tuple(b for b, ok in zip(order, in_place, strict=True) if not ok)
+    return LayPlan(len(kept), evict, restore, False)
+
+
+def _in_place(
+    live: KVCells, i: int, b: int, gpu: set[int], starts: Mapping[int, int], bt: int
+) -> bool:
+    """Whether block `b`, the order's `i`-th, is in the context at its own positions in
+    exactly its fresh cells, held by sequence 0 alone."""
+    if b not in gpu or starts.get(b, b * bt) != b * bt:
+        return False
+    cells = slice(i * bt, (i + 1) * bt)
+    own = np.arange(b * bt, (b + 1) * bt, dtype=np.int64)  # [bt]
+    return bool(np.array_equal(live.pos[cells], own) and np.all(live.seqs[cells] == 1))

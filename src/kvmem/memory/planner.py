@@ -197,7 +197,7 @@ def stream_window(
     if n <= slots:
         return tuple(range(n))
     control = spans.control.clip(position) if spans.control else None
-    taker = _Taker(slots, block_groups(spans.groups, bt, n))
+    taker = _Taker(slots, block_groups(spans.groups, bt, n), unpinned=False)  # O(window)
     taker.take(Tier.SINK, range(min(config.sink_blocks, n)), n)  # an image there: whole
     held = len(taker.taken)
     last_unit = taker.groups.get(n - 1, (n - 1,))  # the block before the chunk, or its image
@@ -253,9 +253,16 @@ def _fill(ranked: list[int], free: int, groups: Mapping[int, tuple[int, ...]]) -
 class _Taker:
     """Fills slots tier by tier, newest blocks first within a tier; a group is one unit."""
 
-    def __init__(self, slots: int, groups: Mapping[int, tuple[int, ...]] | None = None) -> None:
+    def __init__(
+        self,
+        slots: int,
+        groups: Mapping[int, tuple[int, ...]] | None = None,
+        *,
+        unpinned: bool = True,
+    ) -> None:
         self.free = slots
         self.groups = groups or {}
+        self.track_unpinned = unpinned  # else a tier's walk ends at its first unit left out
         self.taken: set[int] = set()
         self.tiers: dict[Tier, tuple[int, ...]] = {}
         self.unpinned: dict[Tier, tuple[int, ...]] = {}
@@ -266,6 +273,8 @@ class _Taker:
         left: list[int] = []
         for unit in _units(newest_first, self.groups, self.taken):
             if left or len(kept) + len(unit) > n:
+                if not self.track_unpinned:
+                    break
                 left += unit  # the first unit that does not fit ends the tier
             else:
                 kept += unit

@@ -22,7 +22,7 @@ from kvmem.memory.spans import PromptSpans
 from ..trace import Moves, TraceKind, Tracer
 from .turn_plan import ChunkGrid
 from .window import GpuWindow
-from .window_plans import FreshPrefill, StreamAt, fresh_cells
+from .window_plans import FreshPrefill, FreshRun, StreamAt, fresh_cells
 
 logger = logging.getLogger(__name__)
 
@@ -62,14 +62,22 @@ class FreshOrder:
     grid: ChunkGrid
     config: KVMemConfig
     tracer: Tracer
+    _run: FreshRun | None = None  # the last fresh prefill modelled
 
     def fresh(self, spans: PromptSpans, position: int) -> KVCells | None:
         """The cells a fresh prefill of a prompt with `spans` holds at `position` (a chunk
-        start); None where the model does not cover it."""
+        start); None where the model does not cover it. Goes on from the last run when
+        its prefill is the same (the stream windows read the control text and the image
+        groups alone), so a turn models only the chunks since the last."""
         g, ctx = self.grid, self.window.ctx
         room = self.window.capacity - g.chunk_tokens
-        fresh = FreshPrefill(spans, room, g.chunk_tokens, g.stream_grid, ctx.n_ubatch, ctx.n_cells)
-        return fresh_cells(self.config, fresh, position)
+        key = PromptSpans(control=spans.control, groups=spans.groups)
+        fresh = FreshPrefill(key, room, g.chunk_tokens, g.stream_grid, ctx.n_ubatch, ctx.n_cells)
+        run = fresh_cells(self.config, fresh, position, self._run)
+        if run is None:
+            return None
+        self._run = run
+        return run.cells.cells
 
     def order(self, spans: PromptSpans, position: int) -> list[int] | None:
         """The blocks of those cells in cell order (None: not modelled)."""

@@ -214,14 +214,33 @@ class FreshPrefill:
     n_cells: int
 
 
-def fresh_cells(config: KVMemConfig, fresh: FreshPrefill, end: int) -> KVCells | None:
+@dataclass(slots=True)
+class FreshRun:
+    """A fresh prefill's cells once its chunks before `position` (a chunk start) are
+    decoded, to go on from (`fresh_cells`)."""
+
+    prefill: FreshPrefill
+    cells: FreshCells
+    position: int = 0
+
+    def copy(self) -> FreshRun:
+        return FreshRun(self.prefill, self.cells.copy(), self.position)
+
+
+def fresh_cells(
+    config: KVMemConfig, fresh: FreshPrefill, end: int, run: FreshRun | None = None
+) -> FreshRun | None:
     """The cells of a fresh prefill once its chunks before `end` (a chunk start) are
     decoded: each chunk's evictions (`plan_stream` on a session holding exactly what the
-    chunks before it left) and then its tokens. Pure: a model (memory/kv_cells.py); None
+    chunks before it left) and then its tokens; from `run` (left as it was) when that is
+    of the same prefill and not past `end`. Pure: a model (memory/kv_cells.py); None
     where a chunk would stage blocks in, which the model does not cover."""
     bt = config.block_tokens
-    cells = FreshCells(KVCells.empty(fresh.n_cells), bt, fresh.n_ubatch)
-    pos = 0
+    if run is not None and run.prefill == fresh and run.position <= end:
+        run = run.copy()
+    else:
+        run = FreshRun(fresh, FreshCells(KVCells.empty(fresh.n_cells), bt, fresh.n_ubatch))
+    cells, pos = run.cells, run.position
     while pos < end:
         stop = min(end, pos + fresh.chunk_tokens - pos % fresh.chunk_tokens)
         at = StreamAt(pos, fresh.spans, fresh.room, fresh.stream_grid)
@@ -230,4 +249,5 @@ def fresh_cells(config: KVMemConfig, fresh: FreshPrefill, end: int) -> KVCells |
             return None
         cells.chunk(pos, stop, keep)
         pos = stop
-    return cells.cells
+    run.position = pos
+    return run
