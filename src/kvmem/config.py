@@ -178,7 +178,8 @@ class KVMemConfig:
         "the same KV, but the sums' order, and rarely a late greedy token, can depend on the "
         "session's history) or canonical (a turn starts with the window laid in the cells a "
         "fresh prefill of its prompt holds there: answers are a function of the request "
-        "alone; it restores the resident window once a turn and resumes at a chunk start)",
+        "alone; it restores the blocks not already in those cells, and resumes at a chunk "
+        "start)",
         **_KVMEM,
     )  # fmt: skip
     query_replay: QueryReplay = setting(
