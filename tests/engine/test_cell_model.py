@@ -5,6 +5,7 @@ starts on exactly those cells."""
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import pytest
 
@@ -111,3 +112,38 @@ def test_the_followed_cells_are_llama_cpps_and_a_turn_lays_only_what_differs(
         assert len(checked) > 8
     finally:
         engine.close()
+
+
+def test_conversations_sharing_a_context_follow_its_cells_and_answer_as_fresh(smollm2_path):
+    """Two conversations over the budget on one context (`--kvmem-conversations 2`, the
+    canonical order), alternating: after every turn the followed cells are llama.cpp's,
+    and each answer is the one a fresh session gives the same prompt."""
+    kv = KVMemConfig(budget=512, gen_reserve=256, cell_order=CellOrder.CANONICAL)
+    pooled = make_engine(smollm2_path, n_ctx=8192, kvmem=replace(kv, conversations=2))
+    fresh = make_engine(smollm2_path, n_ctx=8192, kvmem=kv)
+    try:
+        base = {c: filler_tokens(pooled, 1900, seed=s) for c, s in (("A", 21), ("B", 22))}
+        history = {c: list(base[c][:900]) for c in base}
+        for turn in range(2):
+            for conv in ("A", "B"):
+                prompt = history[conv]
+                query = TokenSpan(len(prompt) - 30, len(prompt))
+                out = list(
+                    pooled.generate(
+                        prompt, query=query, sampling=GREEDY, max_tokens=6, ignore_eos=True
+                    )
+                )
+                ctx = pooled.session.ctx
+                assert ctx.cells is not None and ctx.cells.layout().tolist() == _cells_seen(ctx)
+                fresh.reset()
+                alone = fresh.generate(
+                    prompt, query=query, sampling=GREEDY, max_tokens=6, ignore_eos=True
+                )
+                assert out == list(alone), (conv, turn)
+                history[conv] = (
+                    prompt + out + list(base[conv][900 + 400 * turn : 1300 + 400 * turn])
+                )
+        assert pooled.stats.conversation_switches == 3
+    finally:
+        pooled.close()
+        fresh.close()

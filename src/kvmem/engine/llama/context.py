@@ -137,7 +137,10 @@ class LlamaContext:
 
     def track_cells(self) -> None:
         """Follow where llama.cpp puts every cell (memory/kv_cells.py) from now on: known
-        at once when the memory is empty, else from its next clear."""
+        at once when the memory is empty, else from its next clear (a no-op when they are
+        followed already: the sessions of `--kvmem-conversations` share one context)."""
+        if self._tracking:
+            return
         self._tracking = True
         empty = all(self.seq_pos_max(s) < 0 for s in range(self.settings.n_seq_max))
         self.cells = KVCells.empty(self.n_cells) if empty else None
