@@ -203,6 +203,7 @@ def test_the_live_cells_follow_every_call_as_the_plain_rules_do(steps) -> None:
         assert cells.pos.tolist() == plain.pos and cells.head == plain.head
         assert cells.seqs.tolist() == plain.masks()
         assert cells.n_used == sum(p != FREE for p in plain.pos)
+        assert not cells.seqs[cells.top :].any()  # the searches' bound holds every cell in use
 
 
 def _laid(order: list[int], bt: int, n_cells: int) -> KVCells:

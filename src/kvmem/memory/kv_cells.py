@@ -32,31 +32,37 @@ class KVCells:
     head: int = 0
     seqs: np.ndarray | None = None  # uint8 [n_cells]: bit s set while sequence s holds it
     n_used: int = 0  # cells some sequence holds
+    top: int = 0  # every cell from here on is free (the searches read the cells below)
 
     def __post_init__(self) -> None:
         if self.seqs is None:  # positions alone: sequence 0 holds the cells in use
             self.seqs = (self.pos != FREE).astype(np.uint8)  # uint8 [n_cells]
-        self.n_used = int(np.count_nonzero(self.seqs))
+        used = np.flatnonzero(self.seqs)  # int64 [n_used]
+        self.n_used = len(used)
+        self.top = int(used[-1]) + 1 if len(used) else 0
 
     @classmethod
     def empty(cls, n_cells: int) -> KVCells:
         return cls(np.full(n_cells, FREE, dtype=np.int64))
 
     def copy(self) -> KVCells:
-        return KVCells(self.pos.copy(), self.head, self.seqs.copy())
+        return KVCells(self.pos.copy(), self.head, self.seqs.copy())  # n_used, top: counted
 
     def clear(self) -> None:
         """Every cell free, the head at 0 (llama_memory_clear)."""
         self.pos[:] = FREE
         self.seqs[:] = 0
-        self.n_used = self.head = 0
+        self.n_used = self.head = self.top = 0
 
     def _holding(self, seq: int, p0: int, p1: int) -> np.ndarray:
-        """bool [n_cells]: the cells of `seq` (-1: any) at positions [p0, p1) (a bound
-        below 0: none on that side), as llama.cpp reads them."""
+        """int64 [hit], ascending: the cells of `seq` (-1: any) at positions [p0, p1) (a
+        bound below 0: none on that side), as llama.cpp reads them."""
         hi = p1 if p1 >= 0 else np.iinfo(np.int64).max
-        inside = (self.pos >= max(p0, 0)) & (self.pos < hi)  # bool [n_cells]
-        return inside if seq < 0 else inside & ((self.seqs >> seq) & 1).astype(bool)
+        pos = self.pos[: self.top]  # int64 [top]
+        inside = (pos >= max(p0, 0)) & (pos < hi)  # bool [top]
+        if seq >= 0:
+            inside &= ((self.seqs[: self.top] >> seq) & 1).astype(bool)
+        return np.flatnonzero(inside)
 
     def _free(self, cells: np.ndarray) -> None:
         self.pos[cells] = FREE
@@ -67,7 +73,7 @@ class KVCells:
         """`seq` (-1: every sequence) leaves the cells at positions [p0, p1); those no
         sequence holds any more are freed, and the head goes back to the first of them
         when that is lower (llama_memory_seq_rm)."""
-        hit = np.flatnonzero(self._holding(seq, p0, p1))  # int64 [hit]
+        hit = self._holding(seq, p0, p1)  # int64 [hit]
         if not hit.size:
             return
         if seq >= 0:
@@ -82,7 +88,7 @@ class KVCells:
         head goes to the first freed cell, else to 0 (llama_memory_seq_add)."""
         if delta == 0 or max(p0, 0) == (p1 if p1 >= 0 else np.iinfo(np.int64).max):
             return
-        hit = np.flatnonzero(self._holding(seq, p0, p1))  # int64 [hit]
+        hit = self._holding(seq, p0, p1)  # int64 [hit]
         self.pos[hit] += delta
         gone = hit[self.pos[hit] < 0]  # int64 [gone]
         self._free(gone)
@@ -114,6 +120,7 @@ class KVCells:
         self.pos[taken] = positions
         self.seqs[taken] = np.uint8(1 << seq)
         self.n_used += n
+        self.top = max(self.top, int(taken.max()) + 1)
         self.head = int(taken[-1]) + 1  # at the end: the next search wraps to cell 0
 
     def layout(self, seq: int = 0) -> np.ndarray:
