@@ -29,7 +29,7 @@ def test_a_prefill_fills_the_cells_the_model_says(smollm2_path, monkeypatch):
     def spy(window, plan):
         session = engine.session
         got = parse_state(session.ctx.get_state(MAIN_SEQ)).positions.tolist()
-        model = session.cells.fresh(session._spans, plan.position).layout().tolist()
+        model = session.cell_order.fresh(session._spans, plan.position).layout().tolist()
         seen.append((plan.position, got, model))
         return apply_stream(window, plan)
 
@@ -105,9 +105,9 @@ def test_the_followed_cells_are_llama_cpps_and_a_turn_lays_only_what_differs(
         kept = int(laid.split("kept=")[1].split()[0])
         restored = int(laid.split("restored=")[1].split()[0])
         start = engine.last_turn.cached_tokens
-        order = engine.session.cells.order(engine.session._spans, start)
+        order = engine.session.cell_order.order(engine.session._spans, start)
         assert "cleared=0" in laid and restored >= 1 and kept + restored == len(order)
-        fresh = engine.session.cells.fresh(engine.session._spans, start).layout().tolist()
+        fresh = engine.session.cell_order.fresh(engine.session._spans, start).layout().tolist()
         assert checked[-1] == (start, fresh)  # the turn went on from the fresh cells
         assert len(checked) > 8
     finally:

@@ -92,7 +92,7 @@ class FreshOrder:
                 "canonical cell order: no model of a fresh prefill's cells at %d", reused
             )
             return Moves()
-        return self.window.lay_as_fresh(order)
+        return self.window.apply_lay(self.window.plan_lay(order))
 
     def prepare_next(self, position: int, spans: PromptSpans) -> None:
         resume = self.grid.chunk_start(position)  # where the next turn goes on (turn_plan)

@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from kvmem.config import CellOrder, KVMemConfig
 from kvmem.memory.block_table import BlockTable
-from kvmem.memory.kv_cells import plan_lay
+from kvmem.memory.kv_cells import LayPlan
 from kvmem.memory.layout import PositionMode
 from kvmem.memory.planner import PlannerConfig, RetrievalMethod, WindowPlan
 from kvmem.memory.retrieval_index import RetrievalIndex
@@ -58,7 +58,7 @@ class WindowResidency:
         self.waiting: list[int] = []  # complete GPU blocks not yet harvested, ascending
         self.positions = config.positions
         if config.enabled and config.cell_order is CellOrder.CANONICAL:
-            ctx.track_cells()  # a turn then lays only the cells that differ (lay_as_fresh)
+            ctx.track_cells()  # a turn then lays only the cells that differ (apply_lay)
         if self.positions is not PositionMode.ORIGINAL and not ctx.can_shift:
             logger.warning("this model's cache cannot shift positions: blocks stay in place")
             self.positions = PositionMode.ORIGINAL
@@ -163,7 +163,7 @@ class WindowResidency:
     # in index order. A fresh prefill's chunks fill them by a rule that depends on the
     # request alone; a warm session's cells also depend on its history. So at a turn's
     # start, with `--kvmem-cell-order canonical`, the window is laid in the cells the
-    # fresh prefill of the same prompt holds where this turn goes on (`lay_as_fresh`):
+    # fresh prefill of the same prompt holds where this turn goes on (`apply_lay`):
     # from there on both run the same plans on the same cells.
     @property
     def keeps_order(self) -> bool:
@@ -174,15 +174,13 @@ class WindowResidency:
             return False
         return self.transfer.hybrid is None and self.ctx.observer is None
 
-    def lay_as_fresh(self, blocks: Sequence[int]) -> Moves:
-        """Lay `blocks` in that order from cell 0 (the blocks a fresh prefill holds, in its
-        cell order: KVCells.block_order): those already in their fresh cells stay, the
-        others leave, and the rest of the order is restored after them; where the cells
-        are not known, or evictions cannot make that room, the context is emptied first."""
+    def apply_lay(self, plan: LayPlan) -> Moves:
+        """Lay the context's cells as planned (GpuWindow.plan_lay): the kept blocks stay,
+        the evicted leave (or the context is emptied), and the rest of the fresh order
+        goes in as one restore, its cells in that order."""
         bt = self.table.block_tokens
         moves = self.flush()
         held = set(self.table.gpu_blocks())  # laid again where restored; the others staged in
-        plan = plan_lay(self.ctx.cells, blocks, held, self.moved, bt)
         if plan.clear:
             self.ctx.clear()
             self.table.mark_off_gpu(list(held))
@@ -190,7 +188,7 @@ class WindowResidency:
         else:
             moves += self.evict(plan.evict)
             moves.evicted_blocks += len(set(plan.evict).difference(plan.restore))
-        laid = {b: b * bt for b in plan.restore}  # one restore, its cells in the fresh order
+        laid = {b: b * bt for b in plan.restore}
         moves += self.restore(laid, relaid=held.intersection(laid), ordered=True)
         self.tracer.emit(
             TraceKind.CELLS_LAID,

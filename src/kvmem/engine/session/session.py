@@ -54,7 +54,7 @@ class KVMemSession:
         self.grid, self.queries, self.rows = parts.grid, parts.queries, parts.rows
         self.source, self.ssm, self.spec = parts.source, parts.ssm, parts.spec
         self.spec_target, self.ahead, self.runner = parts.spec_target, parts.ahead, parts.runner
-        self.cells = turn_cells(self.window, self.grid, self.config, self.tracer)
+        self.cell_order = turn_cells(self.window, self.grid, self.config, self.tracer)
         self.last_query: QueryVectors | None = None
         self.frontier: int | None = None  # first position whose KV saw a chosen window
         self.force_spans: tuple[TokenSpan, ...] = ()  # oracle: spans every plan must hold
@@ -215,7 +215,7 @@ class KVMemSession:
             reused = self.ssm.rewind_to(reused)
             self._truncate(reused, stats)
         if self.runner.bounded:
-            stats.add(self.cells.start_turn(reused, plan.spans))
+            stats.add(self.cell_order.start_turn(reused, plan.spans))
         self.frontier = None
         stats.cached_tokens = reused
         stats.reprocessed_tokens = plan.common - reused
@@ -338,7 +338,7 @@ class KVMemSession:
             return
         n = self.table.n_tokens
         position = n if self.frontier is None else min(self.frontier, n)
-        self.cells.prepare_next(position, self._spans)
+        self.cell_order.prepare_next(position, self._spans)
 
     def _spill_frontier(self, stats: TurnStats, n_prompt: int) -> None:
         """Generated tokens that saw blocks leave (spill, eviction) are recomputed next turn."""

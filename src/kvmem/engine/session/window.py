@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
+from kvmem.memory.kv_cells import LayPlan, plan_lay
 from kvmem.memory.layout import window_layout
 from kvmem.memory.planner import (
     RetrievalMethod,
@@ -89,6 +90,12 @@ class GpuWindow(WindowResidency):
         only by a restore of exactly those blocks, still stored as they were)."""
         stage_in = next_stream_stage_in(self.table, self.moved, self.config, at)
         return self.transfer.prepare(stage_in)
+
+    def plan_lay(self, order: Sequence[int]) -> LayPlan:
+        """How the context reaches the fresh cells whose blocks are `order`, in cell order
+        from cell 0 (kv_cells.plan_lay over the cells it follows; pure)."""
+        bt, gpu = self.table.block_tokens, self.table.gpu_blocks()
+        return plan_lay(self.ctx.cells, order, gpu, self.moved, bt)
 
     def prepare_next_lay(self, resume: int, order: Sequence[int]) -> bool:
         """Between turns, in the canonical cell order: build the blobs of the restore that
