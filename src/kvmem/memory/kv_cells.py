@@ -83,6 +83,15 @@ class KVCells:
         if hit.size:
             self.head = min(self.head, int(hit[0]))
 
+    def remove_blocks(
+        self, blocks: Sequence[int], starts: Mapping[int, int], block_tokens: int
+    ) -> None:
+        """Sequence 0 leaves the cells of `blocks`, each at `starts[b]` (its first
+        position; its own when absent), as their evictions do."""
+        for b in blocks:
+            p = starts.get(b, b * block_tokens)
+            self.remove(p, p + block_tokens)
+
     def shift(self, seq: int, p0: int, p1: int, delta: int) -> None:
         """Positions [p0, p1) of `seq` move by `delta`; a cell moved below 0 is freed; the
         head goes to the first freed cell, else to 0 (llama_memory_seq_add)."""
@@ -202,9 +211,7 @@ def plan_lay(
     kept = {b for b, ok in zip(order, in_place, strict=True) if ok}
     evict = tuple(sorted(gpu - kept))
     after = live.copy()
-    for b in evict:
-        p = starts.get(b, b * bt)
-        after.remove(p, p + bt)
+    after.remove_blocks(evict, starts, bt)
     wanted = np.zeros(len(live.pos), dtype=bool)  # bool [n_cells]: the kept blocks' cells
     for i, ok in enumerate(in_place):
         wanted[i * bt : (i + 1) * bt] = ok

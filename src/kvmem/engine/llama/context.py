@@ -259,11 +259,11 @@ class LlamaContext:
         blob: bytes | np.ndarray,
         seq: int,
         flags: int = 0,
-        positions: np.ndarray | None = None,
+        positions: Sequence[np.ndarray] | None = None,
     ) -> None:
-        """Write a state blob into `seq`; `positions` (int64 [cells], in the blob's order)
-        are those of its KV cells, for the cells followed (`track_cells`); a blob of the
-        recurrent part alone (flags PARTIAL_ONLY) has none."""
+        """Write a state blob into `seq`; `positions` (one array a block, in the blob's
+        order) are those of its KV cells, for the cells followed (`track_cells`); a blob of
+        the recurrent part alone (flags PARTIAL_ONLY) has none."""
         buf = np.frombuffer(blob, dtype=np.uint8)  # [size], no copy
         n = llama_cpp.llama_state_seq_set_data_ext(self.ptr, _u8_ptr(buf), len(buf), seq, flags)
         if n == 0:
@@ -276,8 +276,9 @@ class LlamaContext:
         if positions is None:
             self._cells_unknown()
             return
+        cells = np.concatenate(positions).astype(np.int64) if positions else np.empty(0, np.int64)
         self.cells.remove(-1, -1, seq)  # the sequence's cells go first, then one ubatch
-        self.cells.place(positions, max(len(positions), 1), seq)
+        self.cells.place(cells, max(len(cells), 1), seq)  # cells: int64 [n]
 
     def close(self) -> None:
         if self.ptr:

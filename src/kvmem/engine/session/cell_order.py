@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvmem.config import CellOrder, KVMemConfig
+from kvmem.config import KVMemConfig
 from kvmem.memory.kv_cells import KVCells
 from kvmem.memory.spans import PromptSpans
 
@@ -106,6 +106,6 @@ def turn_cells(
 ) -> TurnCells:
     """FreshOrder where `--kvmem-cell-order canonical` holds for this window
     (`GpuWindow.keeps_order`), else FreeOrder."""
-    if config.cell_order is CellOrder.CANONICAL and window.keeps_order:
+    if window.keeps_order:
         return FreshOrder(window, grid, config, tracer)
     return FreeOrder(window, grid)

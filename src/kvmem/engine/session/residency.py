@@ -57,7 +57,7 @@ class WindowResidency:
         self._groups: tuple[TokenSpan, ...] = ()  # the prompt's image groups (spans.groups)
         self.waiting: list[int] = []  # complete GPU blocks not yet harvested, ascending
         self.positions = config.positions
-        if config.enabled and config.cell_order is CellOrder.CANONICAL:
+        if self.keeps_order:
             ctx.track_cells()  # a turn then lays only the cells that differ (apply_lay)
         if self.positions is not PositionMode.ORIGINAL and not ctx.can_shift:
             logger.warning("this model's cache cannot shift positions: blocks stay in place")
@@ -139,8 +139,7 @@ class WindowResidency:
         (laid again: counted apart from the stage-in)."""
         if not starts:
             return Moves()
-        ids = list(starts) if ordered else sorted(starts)
-        res = self.transfer.restore(ids, starts, ordered=ordered)
+        res = self.transfer.restore(list(starts), starts, ordered=ordered)
         bt = self.table.block_tokens
         for b in res.block_ids:
             if starts[b] != b * bt:

@@ -120,9 +120,7 @@ def next_lay_restore(
     bt = table.block_tokens
     cut = plan_cut(table, moved, resume, keep_window=False)
     after = cells.copy()
-    for b in cut.evict:
-        p = moved.get(b, b * bt)
-        after.remove(p, p + bt)
+    after.remove_blocks(cut.evict, moved, bt)
     after.remove(resume, -1)
     kept = [b for b in table.gpu_blocks() if b not in cut.evict and (b + 1) * bt <= resume]
     return plan_lay(after, order, kept, {}, bt).restore
@@ -236,7 +234,10 @@ def fresh_cells(
     of the same prefill and not past `end`. Pure: a model (memory/kv_cells.py); None
     where a chunk would stage blocks in, which the model does not cover."""
     bt = config.block_tokens
-    if run is not None and run.prefill == fresh and run.position <= end:
+    going_on = run is not None and run.prefill == fresh and run.position <= end
+    if going_on and run.position == end:
+        return run  # nothing to model: the run itself, unchanged
+    if going_on:
         run = run.copy()
     else:
         run = FreshRun(fresh, FreshCells(KVCells.empty(fresh.n_cells), bt, fresh.n_ubatch))

@@ -369,9 +369,8 @@ class KVTransfer:
         """State-write `blob` (the cells of `blocks`) and put them at `starts` in the main
         sequence."""
         prof = self.profile
-        positions = np.concatenate([b.positions for b in blocks]).astype(np.int64)  # [cells]
         with prof.timed(TransferPath.STATE_SET, len(blob)):
-            self.ctx.set_state(blob, RESTORE_SEQ, positions=positions)
+            self.ctx.set_state(blob, RESTORE_SEQ, positions=[b.positions for b in blocks])
         bt = self.table.block_tokens
         own = {b.block_id: b.block_id * bt for b in blocks}
         target = {b: starts.get(b, p) for b, p in own.items()}
