@@ -80,6 +80,14 @@ class RestoreAheadMode(Enum):
     TURN_END = "turn-end"  # at the turn's end, in the client's pause
 
 
+class RecomputeMode(Enum):
+    """Whether the retrieved blocks are computed again inside the window a reselection
+    chose (`engine/session/recompute.py`)."""
+
+    OFF = "off"  # their KV as the prefill stream computed it
+    RETRIEVED = "retrieved"  # every retrieved block decoded again against the blocks before it
+
+
 class HarnessOverflow(Enum):
     """An agent harness's pinned control text past the budget (kvmem.chat.harness)."""
 
@@ -245,6 +253,14 @@ class KVMemConfig:
         "predicts the same blocks) or turn-end (after the last token, in the client's pause "
         "alone: an agent's next request can come before it is done)", **_KVMEM,
     )  # fmt: skip
+    recompute: RecomputeMode = setting(
+        RecomputeMode.OFF, "--kvmem-recompute",
+        help="retrieved blocks' KV: off (as the prefill stream computed it, beside the text "
+        "around it in the history) or retrieved (each retrieved block decoded again in the "
+        "chosen window, so that it sees the window's blocks as a short prompt's text sees "
+        "what precedes it; costs a prefill of the retrieved tokens at every reselection; "
+        "needs --kvmem-positions compact and the free cell order)", **_KVMEM,
+    )  # fmt: skip
     stream_cap: int = _n(
         0, "--kvmem-stream-cap",
         "diagnostic: cap on the KV tokens a prefill chunk sees, whatever the capacity "
@@ -371,7 +387,24 @@ class KVMemConfig:
                 "applies to --kvmem-query-source scoring only (the main source captures its "
                 "query during the prefill)",
             )
+        self._validate_recompute()
         self._validate_disk_tier()
+
+    def _validate_recompute(self) -> None:
+        if self.recompute is RecomputeMode.OFF:
+            return
+        if self.positions is not PositionMode.COMPACT:
+            raise ConfigError(
+                "--kvmem-recompute",
+                "needs --kvmem-positions compact (a block is decoded again right after the "
+                "window's blocks before it, which must hold every lower position)",
+            )
+        if self.cell_order is CellOrder.CANONICAL:
+            raise ConfigError(
+                "--kvmem-recompute",
+                "not with --kvmem-cell-order canonical (a block computed in one turn's window "
+                "is not the block a fresh prefill holds)",
+            )
 
     def _validate_disk_tier(self) -> None:
         _positive("--kvmem-conversations", self.conversations)

@@ -9,7 +9,14 @@ import pytest
 
 from kvmem.cli.server_args import SERVER_FLAGS, build_server_parser
 from kvmem.cli.server_config import load_server_settings
-from kvmem.config import CellOrder, KVMemConfig, QueryAheadMode, QuerySource, RestoreAheadMode
+from kvmem.config import (
+    CellOrder,
+    KVMemConfig,
+    QueryAheadMode,
+    QuerySource,
+    RecomputeMode,
+    RestoreAheadMode,
+)
 from kvmem.engine_settings import EngineSettings, GpuPlacement
 from kvmem.errors import ConfigError
 from kvmem.memory.exact_scorer import RankMode
@@ -365,6 +372,18 @@ def test_retrieval_flags_reach_the_kvmem_config() -> None:
     assert s.engine.kvmem.query_ahead is QueryAheadMode.ON
     s = load("--kvmem-query-source", "scoring", "--kvmem-query-ahead", "off")
     assert s.engine.kvmem.query_ahead is QueryAheadMode.OFF
+
+
+def test_recompute_is_off_unless_asked_for_and_refused_where_it_cannot_run() -> None:
+    assert load().engine.kvmem.recompute is RecomputeMode.OFF
+    s = load("--kvmem-recompute", "retrieved")
+    assert s.engine.kvmem.recompute is RecomputeMode.RETRIEVED
+    with pytest.raises(ConfigError, match="--kvmem-recompute.*compact"):
+        load("--kvmem-recompute", "retrieved", "--kvmem-positions", "original")
+    with pytest.raises(ConfigError, match="--kvmem-recompute.*canonical"):
+        load("--kvmem-recompute", "retrieved", "--kvmem-cell-order", "canonical")
+    with pytest.raises(ConfigError, match="invalid choice: 'all'"):
+        load("--kvmem-recompute", "all")
 
 
 def test_restore_ahead_is_generation_unless_turn_end_is_asked_for() -> None:

@@ -32,6 +32,7 @@ from .query.scoring_context import ScoringContext
 from .session.ahead import AheadParts
 from .session.decode import ChunkRunner
 from .session.parts import SessionParts
+from .session.recompute import window_recompute
 from .session.session import KVMemSession
 from .session.spec_target import SpecTarget
 from .session.turn_plan import ChunkGrid
@@ -164,4 +165,5 @@ def session_parts(
         spec_target=SpecTarget(ctx, parts.n_ctx, table, window, on),
         ahead=AheadParts(scoring, config, queries, window, table, index, grid, ssm.active),
         runner=ChunkRunner(ctx, table, window, capture, ssm, on, grid, transfer.profile),
+        recompute=window_recompute(config, ctx, table, parts.tracer),
     )

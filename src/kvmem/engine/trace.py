@@ -34,6 +34,7 @@ class TraceKind(Enum):
     SPANS_UNLOCATED = "SPANS_UNLOCATED"  # a chat prompt's spans not found in its rendering
     CELLS_LAID = "CELLS_LAID"  # canonical order: a turn's start laid on a fresh prefill's cells
     CELLS_UNMODELLED = "CELLS_UNMODELLED"  # canonical order: a fresh prefill's cells unknown
+    RECOMPUTE = "RECOMPUTE"  # retrieved blocks decoded again in the chosen window
 
 
 class FinishReason(Enum):
@@ -76,6 +77,8 @@ class TurnStats:
     reselect_ms: float = 0.0
     replayed_tokens: int = 0
     replay_ms: float = 0.0
+    recomputed_tokens: int = 0  # retrieved blocks decoded again in the chosen window
+    recompute_ms: float = 0.0
     deferred_tokens: int = 0  # the prompt's tail, decoded after the window was chosen
     spilled_blocks: int = 0
     evicted_blocks: int = 0
@@ -108,6 +111,8 @@ class Moves:
     spilled_blocks: int = 0
     score_ms: float = 0.0
     reselect_ms: float = 0.0
+    recomputed_tokens: int = 0
+    recompute_ms: float = 0.0
 
     def __iadd__(self, other: Moves) -> Moves:
         for name in Moves.__slots__:

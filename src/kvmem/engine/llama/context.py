@@ -66,13 +66,15 @@ class Batch:
         self.capacity = capacity
         self.raw = llama_cpp.llama_batch_init(capacity, 0, 1)
 
-    def fill(self, tokens: Sequence[int], start_pos: int, logits: Sequence[bool]) -> None:
+    def fill(
+        self, tokens: Sequence[int], start_pos: int, logits: Sequence[bool], seq: int = MAIN_SEQ
+    ) -> None:
         n = len(tokens)
         assert 0 < n <= self.capacity
         raw = self.raw
         for i, tok in enumerate(tokens):
             raw.token[i] = tok
-        fill_rows(raw, n, start_pos, logits)
+        fill_rows(raw, n, start_pos, logits, seq)
 
     def free(self) -> None:
         if self.raw is not None:
@@ -155,16 +157,27 @@ class LlamaContext:
             self._cells_unknown()  # not followed through image batches
             decode_mixed(self, tokens, start_pos, logits)  # image rows among the tokens
             return
-        self._batch.fill(tokens, start_pos, logits)
+        self._run_batch(tokens, start_pos, logits, MAIN_SEQ)
+        if self.observer is not None:
+            self.observer.after_decode(self, tokens, start_pos)
+
+    def decode_scratch(self, seq: int, tokens: Sequence[int], start_pos: int) -> None:
+        """Decode `tokens` at positions start_pos.. on the staging sequence `seq`, no logits
+        and no observer (a block computed again, `engine/session/recompute.py`): they see
+        the cells `seq` holds at lower positions."""
+        self._run_batch(tokens, start_pos, [False] * len(tokens), seq)
+
+    def _run_batch(
+        self, tokens: Sequence[int], start_pos: int, logits: Sequence[bool], seq: int
+    ) -> None:
+        self._batch.fill(tokens, start_pos, logits, seq)
         rc = llama_cpp.llama_decode(self.ptr, self._batch.raw)
         if rc != 0:
             self._cells_unknown()
             raise DecodeError(f"llama_decode failed with code {rc} at position {start_pos}")
         if self.cells is not None:
             positions = np.arange(start_pos, start_pos + len(tokens), dtype=np.int64)  # [n]
-            self.cells.place(positions, self.n_ubatch, MAIN_SEQ)
-        if self.observer is not None:
-            self.observer.after_decode(self, tokens, start_pos)
+            self.cells.place(positions, self.n_ubatch, seq)
 
     def warm_up(self) -> None:
         """llama-server's warm-up (common_init_from_params): BOS then EOS (those the

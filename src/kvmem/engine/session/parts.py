@@ -22,6 +22,7 @@ from ..trace import Tracer
 from ..transfer.kv_transfer import KVTransfer
 from .ahead import AheadParts
 from .decode import ChunkRunner
+from .recompute import WindowRecompute
 from .spec_target import SpecTarget
 from .turn_plan import ChunkGrid
 from .window import GpuWindow
@@ -52,3 +53,4 @@ class SessionParts:
     spec_target: SpecTarget
     ahead: AheadParts
     runner: ChunkRunner
+    recompute: WindowRecompute  # --kvmem-recompute: the retrieved blocks' KV after a reselection

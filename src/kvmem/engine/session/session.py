@@ -54,6 +54,7 @@ class KVMemSession:
         self.grid, self.queries, self.rows = parts.grid, parts.queries, parts.rows
         self.source, self.ssm, self.spec = parts.source, parts.ssm, parts.spec
         self.spec_target, self.ahead, self.runner = parts.spec_target, parts.ahead, parts.runner
+        self.recompute = parts.recompute
         self.cell_order = turn_cells(self.window, self.grid, self.config, self.tracer)
         self.last_query: QueryVectors | None = None
         self.frontier: int | None = None  # first position whose KV saw a chosen window
@@ -287,6 +288,7 @@ class KVMemSession:
             stats.add(self.window.flush())  # the plan reads the index: every block in it
         res = self.window.plan(spans, qvec, n, self.forced(), pending, scored)
         stats.add(self.window.apply(res).moves)
+        stats.add(self.recompute.apply(self.recompute.plan(res)))
         if res.replay_from is not None:
             self.frontier = self._replay(res.replay_from, stats)
         elif not res.plan.fits:

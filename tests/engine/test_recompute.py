@@ -1,0 +1,81 @@
+"""`--kvmem-recompute retrieved`: every retrieved block is decoded again in the chosen
+window. Its V at layer 0 (a function of the token alone) stays the stream's; its V at the
+last layer (which saw the text before it) changes; every block not retrieved keeps the
+stream's KV bit for bit."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from kvmem.config import CellOrder, KVMemConfig, RecomputeMode
+from kvmem.engine.llama.batch_rows import HARVEST_SEQ, MAIN_SEQ
+from kvmem.engine.transfer.state_codec import parse_state, split_blocks
+from kvmem.errors import ConfigError
+from kvmem.memory.layout import PositionMode
+from kvmem.memory.planner import Tier
+from kvmem.memory.spans import TokenSpan
+
+from .helpers import GREEDY, filler_tokens, make_engine
+
+pytestmark = [pytest.mark.llama, pytest.mark.model]
+
+BT = 128
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path):
+    kv = KVMemConfig(budget=1024, gen_reserve=256, recompute=RecomputeMode.RETRIEVED, trace=True)
+    made = make_engine(smollm2_path, n_ctx=4096, kvmem=kv, trace=io.StringIO())
+    yield made
+    made.close()
+
+
+def _records(engine, kind: str) -> list[dict[str, str]]:
+    lines = engine.tracer.stream.getvalue().splitlines()
+    return [dict(kv.split("=", 1) for kv in ln.split()[1:]) for ln in lines if ln.startswith(kind)]
+
+
+def _gpu_v(engine, block: int) -> list[np.ndarray]:
+    """The V rows of `block`'s cells on the GPU now, per layer (read through the harvest
+    sequence, as a harvest does)."""
+    ctx, start = engine.session.ctx, engine.session.window.start(block)
+    ctx.seq_cp(MAIN_SEQ, HARVEST_SEQ, start, start + BT)
+    try:
+        state = parse_state(bytes(ctx.get_state(HARVEST_SEQ)))
+    finally:
+        ctx.seq_rm(HARVEST_SEQ, -1, -1)
+    (got,) = split_blocks(state, BT)
+    return got.v
+
+
+def test_retrieved_blocks_are_computed_again_in_the_window(engine):
+    prompt = filler_tokens(engine, 2500, seed=7)
+    engine.reset()
+    span = TokenSpan(len(prompt) - 30, len(prompt))
+    list(engine.generate(prompt, query=span, sampling=GREEDY, max_tokens=1, ignore_eos=True))
+    plan = engine.session.last_plan
+    (reselect,) = _records(engine, "KVMEM_RESELECT")
+    (recompute,) = _records(engine, "KVMEM_RECOMPUTE")
+    retrieved = sorted(plan.retrieved)
+    assert retrieved and reselect["retrieved"] == ",".join(map(str, retrieved))
+    assert recompute["blocks"] == reselect["retrieved"] and recompute["skipped"] == "-"
+    assert int(recompute["tokens"]) == BT * len(retrieved)
+    assert engine.last_turn.recomputed_tokens == BT * len(retrieved)
+    store = engine.session.store
+    for b in retrieved:
+        gpu, host = _gpu_v(engine, b), store.get(b).v
+        assert np.array_equal(gpu[0], host[0])  # layer 0: the tokens alone
+        assert not np.array_equal(gpu[-1], host[-1])  # it saw the window, not the stream
+    for b in plan.sink + plan.tier(Tier.RECENT):
+        gpu, host = _gpu_v(engine, b), store.get(b).v
+        assert len(gpu) == len(host) and all(map(np.array_equal, gpu, host))
+
+
+def test_recompute_needs_the_compact_layout_and_the_free_order():
+    with pytest.raises(ConfigError, match="--kvmem-positions compact"):
+        KVMemConfig(recompute=RecomputeMode.RETRIEVED, positions=PositionMode.GATHER).validate()
+    with pytest.raises(ConfigError, match="canonical"):
+        KVMemConfig(recompute=RecomputeMode.RETRIEVED, cell_order=CellOrder.CANONICAL).validate()
