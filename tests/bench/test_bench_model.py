@@ -19,7 +19,7 @@ from kvmem.bench.main import main
 
 BUDGET = 1024
 COMMON = ["-c", "8192", "--kvmem-budget", str(BUDGET), "--kvmem-gen-reserve", "256", "-t", "2"]
-PROFILE = {"harvest_ms", "restore_ms", "score_ms", "reselect_ms", "replay_ms"}
+PROFILE = {"harvest_ms", "restore_ms", "score_ms", "reselect_ms", "replay_ms", "recompute_ms"}
 SETTINGS = {"model", "n_ctx", "budget", "gen_reserve", "block_tokens", "cache_type_k"}
 
 

@@ -248,12 +248,20 @@ class Answer:
     profile: dict[str, float] = field(default_factory=dict)
 
 
-PROFILE_FIELDS = ("harvest_ms", "restore_ms", "score_ms", "reselect_ms", "replay_ms")
+PROFILE_FIELDS = (
+    "harvest_ms",
+    "restore_ms",
+    "score_ms",
+    "reselect_ms",
+    "replay_ms",
+    "recompute_ms",
+)
 
 
 def turn_profile(turn: Any) -> dict[str, float]:
     """Where a turn's KVMem time went: harvest (state get), restore (state set), scoring,
-    reselection (scoring + restores + evictions) and query replay, in ms."""
+    reselection (scoring + restores + evictions), query replay and the retrieved blocks
+    decoded again (`--kvmem-recompute`), in ms."""
     return {name: float(getattr(turn, name, 0.0)) for name in PROFILE_FIELDS}
 
 
