@@ -16,7 +16,6 @@ of it, and a block staged out and in again is computed again at the next reselec
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -30,8 +29,6 @@ from ..llama.context import LlamaContext
 from ..media.media_prefill import has_standins
 from ..trace import Moves, TraceKind, Tracer
 from .reselection import Reselection
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +117,8 @@ def window_recompute(
         )
     if not ctx.can_shift:
         raise ConfigError(
-            "--kvmem-recompute", "this model's cache cannot shift positions (needs compact)"
+            "--kvmem-recompute",
+            "this model's cache cannot shift positions, which --kvmem-positions compact needs",
         )
     if ctx.observer is not None:
         raise ConfigError("--kvmem-recompute", "not with --spec-type draft-mtp")
