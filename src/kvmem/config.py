@@ -137,7 +137,8 @@ class KVMemConfig:
     """The `--kvmem-*` settings; each field declares its flag (kvmem.settings.setting)."""
 
     enabled: bool = setting(
-        True, "--no-kvmem", help="plain llama.cpp with a full-size context (for comparison)",
+        True, "--no-kvmem", help="plain llama.cpp with a full-size context (for comparison); "
+        "another --kvmem-* flag set with it is refused, but for the trace",
         flag_default=False, to_field=operator.not_, dest="no_kvmem", shown="disabled",
         **_KVMEM,
     )  # fmt: skip

@@ -216,6 +216,8 @@ def parse_methods(text: str) -> list[Method]:
 
 
 def settings_from_args(ns: argparse.Namespace) -> BenchSettings:
+    if ns.no_kvmem:  # each method sets KVMem itself: the switch would be silently ignored
+        raise ConfigError("--no-kvmem", "each method sets KVMem: use --methods full for none")
     flags = kvmem_config_from_args(ns)
     if ns.ctx_size <= 0:
         raise ConfigError("-c", f"context size must be positive, got {ns.ctx_size}")

@@ -16,7 +16,7 @@ from kvmem.cli.flag_table import KV_CACHE_FLAGS, KVMEM_FLAGS, KVMEM_PREFIX
 from kvmem.cli.kv_cache_flags import KVCacheFlags
 from kvmem.config import KVCacheTypes, KVMemConfig
 from kvmem.errors import ConfigError
-from kvmem.settings import from_values
+from kvmem.settings import declared_fields, from_values
 from kvmem.settings.values import strict_float, strict_int
 
 
@@ -45,7 +45,23 @@ def kvmem_config_from_args(ns: argparse.Namespace, trace_env: bool = False) -> K
     trace = trace_env if ns.kvmem_trace is None else ns.kvmem_trace
     config: KVMemConfig = from_values(KVMemConfig, ns, KVMEM_PREFIX, trace=trace)
     config.validate()
+    refuse_tuning_without_kvmem(config)
     return KVMemFlags(kvmem=config, cache_types=cache_types_from_args(ns))
+
+
+# fields with a meaning under --no-kvmem: the switch itself and the trace (KVMEM_STARTUP)
+_WITHOUT_KVMEM = frozenset({"enabled", "trace"})
+
+
+def refuse_tuning_without_kvmem(config: KVMemConfig) -> None:
+    """With --no-kvmem, a `--kvmem-*` flag set away from its default would be silently
+    ignored: refuse it, naming the flag (from the command line or its variable alike)."""
+    if config.enabled:
+        return
+    default = KVMemConfig()
+    for name, row in declared_fields(KVMemConfig):
+        if name not in _WITHOUT_KVMEM and getattr(config, name) != getattr(default, name):
+            raise ConfigError(row.flags[0], "tunes KVMem, which --no-kvmem turns off: drop one")
 
 
 __all__ = [
@@ -55,6 +71,7 @@ __all__ = [
     "add_kvmem_arguments",
     "cache_types_from_args",
     "kvmem_config_from_args",
+    "refuse_tuning_without_kvmem",
     "strict_float",
     "strict_int",
 ]

@@ -5,7 +5,16 @@ records that carry flags (kvmem.config, kvmem.spec_config, the CLI's) need neith
 llama_cpp nor the engine.
 """
 
-from .declare import flags_of, from_values, setting
+from .declare import declared_fields, flags_of, from_values, setting
 from .flag import Flag, Group, Program, Status
 
-__all__ = ["Flag", "Group", "Program", "Status", "flags_of", "from_values", "setting"]
+__all__ = [
+    "Flag",
+    "Group",
+    "Program",
+    "Status",
+    "declared_fields",
+    "flags_of",
+    "from_values",
+    "setting",
+]

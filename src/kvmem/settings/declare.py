@@ -79,6 +79,11 @@ def _declared(cls: type) -> list[tuple[dataclasses.Field[Any], Flag]]:
     return [(f, f.metadata[FLAG]) for f in dataclasses.fields(cls) if FLAG in f.metadata]
 
 
+def declared_fields(cls: type) -> tuple[tuple[str, Flag], ...]:
+    """Each declared field's name with its flag row, in field order."""
+    return tuple((field.name, row) for field, row in _declared(cls))
+
+
 def flags_of(cls: type, prefix: str = "") -> tuple[Flag, ...]:
     """The flag rows of `cls`'s declared fields, in field order."""
     return tuple(
