@@ -12,6 +12,8 @@ import pytest
 
 from kvmem.config import CellOrder, KVMemConfig, RecomputeMode
 from kvmem.engine.llama.batch_rows import HARVEST_SEQ, MAIN_SEQ
+from kvmem.engine.session import recompute
+from kvmem.engine.session.recompute import RecomputePlan, RecomputeRun, runs_of
 from kvmem.engine.transfer.state_codec import parse_state, split_blocks
 from kvmem.errors import ConfigError
 from kvmem.memory.layout import PositionMode
@@ -51,17 +53,26 @@ def _gpu_v(engine, block: int) -> list[np.ndarray]:
     return got.v
 
 
-def test_retrieved_blocks_are_computed_again_in_the_window(engine):
+def _turn(engine) -> None:
     prompt = filler_tokens(engine, 2500, seed=7)
     engine.reset()
+    engine.tracer.stream.seek(0)
+    engine.tracer.stream.truncate()
     span = TokenSpan(len(prompt) - 30, len(prompt))
     list(engine.generate(prompt, query=span, sampling=GREEDY, max_tokens=1, ignore_eos=True))
+
+
+def test_retrieved_blocks_are_computed_again_in_the_window(engine):
+    _turn(engine)
     plan = engine.session.last_plan
     (reselect,) = _records(engine, "KVMEM_RESELECT")
     (recompute,) = _records(engine, "KVMEM_RECOMPUTE")
     retrieved = sorted(plan.retrieved)
     assert retrieved and reselect["retrieved"] == ",".join(map(str, retrieved))
     assert recompute["blocks"] == reselect["retrieved"] and recompute["skipped"] == "-"
+    starts = [engine.session.window.start(b) for b in retrieved]
+    cuts = sum(1 for a, b in zip(starts, starts[1:], strict=False) if b != a + BT)
+    assert int(recompute["runs"]) == 1 + cuts < len(retrieved)  # some blocks share a batch
     assert int(recompute["tokens"]) == BT * len(retrieved)
     assert engine.last_turn.recomputed_tokens == BT * len(retrieved)
     store = engine.session.store
@@ -79,3 +90,33 @@ def test_recompute_needs_the_compact_layout_and_the_free_order():
         KVMemConfig(recompute=RecomputeMode.RETRIEVED, positions=PositionMode.GATHER).validate()
     with pytest.raises(ConfigError, match="canonical"):
         KVMemConfig(recompute=RecomputeMode.RETRIEVED, cell_order=CellOrder.CANONICAL).validate()
+
+
+def test_a_run_decoded_as_one_batch_matches_it_decoded_block_by_block(engine, monkeypatch):
+    """The batch's causal mask gives a run's block what the block-by-block decode gives
+    it: the run's blocks before it, already computed again (the same bytes on the CPU)."""
+    _turn(engine)
+    retrieved = sorted(engine.session.last_plan.retrieved)
+    batched = {b: _gpu_v(engine, b)[-1] for b in retrieved}
+    monkeypatch.setattr(
+        recompute,
+        "runs_of",
+        lambda blocks, starts, bt: tuple(
+            RecomputeRun(s, (b,)) for b, s in zip(blocks, starts, strict=True)
+        ),
+    )
+    _turn(engine)
+    (record,) = _records(engine, "KVMEM_RECOMPUTE")
+    assert int(record["runs"]) == len(retrieved) == len(sorted(engine.session.last_plan.retrieved))
+    for b in retrieved:
+        assert np.array_equal(_gpu_v(engine, b)[-1], batched[b])  # bit for bit on the CPU
+
+
+def test_runs_cut_where_a_block_does_not_follow_the_one_before():
+    runs = runs_of([4, 9, 2, 30, 31], [256, 384, 512, 768, 896], 128)
+    assert runs == (
+        RecomputeRun(256, (4, 9, 2)),
+        RecomputeRun(768, (30, 31)),
+    )
+    assert RecomputePlan(runs).blocks == (4, 9, 2, 30, 31)
+    assert runs_of([], [], 128) == ()

@@ -5,10 +5,13 @@ reselection then lays the retrieved blocks next to blocks they never saw. Decodi
 one again at its place in the window, lowest first, gives it the KV that a short prompt
 of the window's text would have: the block sees the window's blocks before it, as
 compact-rag's re-prefilled chunks see theirs (CacheBlend recomputes a selection of tokens
-for the same reason). The decode runs on the restore staging sequence, which first joins
-the main sequence's cells below the block (`seq_cp`, no copy): llama.cpp asks a sequence's
-new positions to follow its last one, which the main sequence's tail does not. The main
-sequence then gives up the block's old cells for the new ones.
+for the same reason). Retrieved blocks next to each other in the window form a run,
+decoded as one batch (at most n_batch tokens a call): a token of the run sees the run's
+tokens before it, as it would block by block. The decode runs on the restore staging
+sequence, which first joins the main sequence's cells below the run (`seq_cp`, no copy):
+llama.cpp asks a sequence's new positions to follow its last one, which the main
+sequence's tail does not. The main sequence gives up the run's old cells before the
+decode (so the run needs no free cells of its own) and takes the new ones after it.
 
 The host copy keeps the stream's KV: the history does not change, only the window's view
 of it, and a block staged out and in again is computed again at the next reselection.
@@ -17,6 +20,7 @@ of it, and a block staged out and in again is computed again at the next reselec
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,15 +36,41 @@ from .reselection import Reselection
 
 
 @dataclass(frozen=True, slots=True)
-class RecomputePlan:
-    """The blocks to decode again, in the order of their first positions."""
+class RecomputeRun:
+    """Retrieved blocks at consecutive places in the window, decoded as one batch."""
 
-    blocks: tuple[int, ...] = ()
-    starts: tuple[int, ...] = ()  # each block's first position in the window
+    start: int  # the first block's first position in the window
+    blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecomputePlan:
+    """The runs to decode again, in the order of their positions."""
+
+    runs: tuple[RecomputeRun, ...] = ()
     skipped: tuple[int, ...] = ()  # retrieved blocks that hold image rows: kept as they are
+
+    @property
+    def blocks(self) -> tuple[int, ...]:
+        return tuple(b for run in self.runs for b in run.blocks)
 
 
 NOTHING = RecomputePlan()
+
+
+def runs_of(
+    blocks: Sequence[int], starts: Sequence[int], block_tokens: int
+) -> tuple[RecomputeRun, ...]:
+    """`blocks` (by position; `starts` their first positions) cut where one does not begin
+    at the end of the one before it."""
+    runs: list[RecomputeRun] = []
+    for block, start in zip(blocks, starts, strict=True):
+        last = runs[-1] if runs else None
+        if last is not None and last.start + len(last.blocks) * block_tokens == start:
+            runs[-1] = RecomputeRun(last.start, (*last.blocks, block))
+        else:
+            runs.append(RecomputeRun(start, (block,)))
+    return tuple(runs)
 
 
 class WindowRecompute(Protocol):
@@ -79,30 +109,36 @@ class RecomputeRetrieved:
         chosen = sorted(res.plan.retrieved, key=lambda b: res.starts[b])
         images = tuple(b for b in chosen if has_standins(tokens[b * bt : (b + 1) * bt]))
         kept = [b for b in chosen if b not in images]
-        return RecomputePlan(tuple(kept), tuple(res.starts[b] for b in kept), images)
+        return RecomputePlan(runs_of(kept, [res.starts[b] for b in kept], bt), images)
 
     def apply(self, plan: RecomputePlan) -> Moves:
         if not plan.blocks and not plan.skipped:
             return Moves()
         t0 = time.perf_counter()
-        bt, ctx = self.table.block_tokens, self.ctx
-        for block, start in zip(plan.blocks, plan.starts, strict=True):
-            tokens = list(self.table.tokens[block * bt : (block + 1) * bt])
-            ctx.seq_cp(MAIN_SEQ, RESTORE_SEQ, 0, start)
-            ctx.decode_scratch(RESTORE_SEQ, tokens, start)
-            ctx.seq_rm(MAIN_SEQ, start, start + bt)
-            ctx.seq_cp(RESTORE_SEQ, MAIN_SEQ, start, start + bt)
-            ctx.seq_rm(RESTORE_SEQ, -1, -1)
+        for run in plan.runs:
+            self._decode_run(run)
         ms = (time.perf_counter() - t0) * 1e3
-        n = len(plan.blocks) * bt
+        n = len(plan.blocks) * self.table.block_tokens
         self.tracer.emit(
             TraceKind.RECOMPUTE,
             blocks=",".join(map(str, plan.blocks)) or "-",
+            runs=len(plan.runs),
             tokens=n,
             skipped=",".join(map(str, plan.skipped)) or "-",
             ms=ms,
         )
         return Moves(recomputed_tokens=n, recompute_ms=ms)
+
+    def _decode_run(self, run: RecomputeRun) -> None:
+        bt, ctx = self.table.block_tokens, self.ctx
+        tokens = [t for b in run.blocks for t in self.table.tokens[b * bt : (b + 1) * bt]]
+        start, end = run.start, run.start + len(tokens)
+        ctx.seq_cp(MAIN_SEQ, RESTORE_SEQ, 0, start)
+        ctx.seq_rm(MAIN_SEQ, start, end)
+        for at in range(0, len(tokens), ctx.n_batch):
+            ctx.decode_scratch(RESTORE_SEQ, tokens[at : at + ctx.n_batch], start + at)
+        ctx.seq_cp(RESTORE_SEQ, MAIN_SEQ, start, end)
+        ctx.seq_rm(RESTORE_SEQ, -1, -1)
 
 
 def window_recompute(
