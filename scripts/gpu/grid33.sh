@@ -57,6 +57,8 @@ declare -A FLAGS=(
   [rerank]="--kvmem-rank rerank"
   [compact]="--kvmem-positions compact"
   [gather]="--kvmem-positions gather"
+  [recompute]="--kvmem-recompute retrieved"
+  [rc3]="--kvmem-recompute retrieved --kvmem-recompute-above 3"
 )
 # VARIANTS (space-separated names of FLAGS; the first writes the fidelity reference). Since
 # lexical fusion became the default (session 16), default = fuse and b64-s3584 = b64-s3584-fuse;

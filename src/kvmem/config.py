@@ -80,6 +80,11 @@ class RestoreAheadMode(Enum):
     TURN_END = "turn-end"  # at the turn's end, in the client's pause
 
 
+# --kvmem-recompute-above's default: the H100's 28K fidelity transcript and needle grid put
+# the cross-over between 2x (agent 8K and the early turns lose) and 4x (they gain)
+RECOMPUTE_ABOVE = 3.0
+
+
 class RecomputeMode(Enum):
     """Whether the retrieved blocks are computed again inside the window a reselection
     chose (`engine/session/recompute.py`)."""
@@ -259,8 +264,17 @@ class KVMemConfig:
         help="retrieved blocks' KV: off (as the prefill stream computed it, beside the text "
         "around it in the history) or retrieved (each retrieved block decoded again in the "
         "chosen window, so that it sees the window's blocks as a short prompt's text sees "
-        "what precedes it; costs a prefill of the retrieved tokens at every reselection; "
+        "what precedes it; costs a prefill of the retrieved tokens at every reselection "
+        "past --kvmem-recompute-above; "
         "needs --kvmem-positions compact and the free cell order)", **_KVMEM,
+    )  # fmt: skip
+    recompute_above: float = setting(
+        RECOMPUTE_ABOVE, "--kvmem-recompute-above",
+        help="with --kvmem-recompute retrieved: only when the history is more than RATIO "
+        "times --kvmem-budget (nearer the window, the stream's KV already saw much of what "
+        "the window holds, and keeping it is closer to full context: docs/benchmarks.md "
+        "Session 25); 0 = at every reselection",
+        parse=float_in_range(0.0), metavar="RATIO", **_KVMEM,
     )  # fmt: skip
     stream_cap: int = _n(
         0, "--kvmem-stream-cap",
@@ -392,7 +406,15 @@ class KVMemConfig:
         self._validate_disk_tier()
 
     def _validate_recompute(self) -> None:
+        if self.recompute_above < 0:
+            raise ConfigError(
+                "--kvmem-recompute-above", f"must be >= 0, got {self.recompute_above}"
+            )
         if self.recompute is RecomputeMode.OFF:
+            if self.recompute_above != RECOMPUTE_ABOVE:
+                raise ConfigError(
+                    "--kvmem-recompute-above", "applies to --kvmem-recompute retrieved only"
+                )
             return
         if self.positions is not PositionMode.COMPACT:
             raise ConfigError(

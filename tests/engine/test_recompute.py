@@ -6,6 +6,7 @@ stream's KV bit for bit."""
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,7 +14,14 @@ import pytest
 from kvmem.config import CellOrder, KVMemConfig, RecomputeMode
 from kvmem.engine.llama.batch_rows import HARVEST_SEQ, MAIN_SEQ
 from kvmem.engine.session import recompute
-from kvmem.engine.session.recompute import RecomputePlan, RecomputeRun, runs_of
+from kvmem.engine.session.recompute import (
+    RecomputePlan,
+    RecomputeRetrieved,
+    RecomputeRun,
+    runs_of,
+    window_recompute,
+)
+from kvmem.engine.session.reselection import Reselection
 from kvmem.engine.transfer.state_codec import parse_state, split_blocks
 from kvmem.errors import ConfigError
 from kvmem.memory.layout import PositionMode
@@ -29,7 +37,13 @@ BT = 128
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path):
-    kv = KVMemConfig(budget=1024, gen_reserve=256, recompute=RecomputeMode.RETRIEVED, trace=True)
+    kv = KVMemConfig(
+        budget=1024,
+        gen_reserve=256,
+        recompute=RecomputeMode.RETRIEVED,
+        recompute_above=0.0,  # at every reselection: the 2,500-token turn is 2.4 budgets
+        trace=True,
+    )
     made = make_engine(smollm2_path, n_ctx=4096, kvmem=kv, trace=io.StringIO())
     yield made
     made.close()
@@ -120,3 +134,26 @@ def test_runs_cut_where_a_block_does_not_follow_the_one_before():
     )
     assert RecomputePlan(runs).blocks == (4, 9, 2, 30, 31)
     assert runs_of([], [], 128) == ()
+
+
+def test_a_history_within_the_ratio_keeps_the_streams_kv(engine):
+    """`--kvmem-recompute-above R`: no block is decoded again while the history is at most
+    R budgets (min_history tokens); one token more and every retrieved block is."""
+    _turn(engine)
+    session = engine.session
+    plan, table = session.last_plan, session.table
+    retrieved = sorted(plan.retrieved)
+    res = Reselection(plan, {b: session.window.start(b) for b in plan.selected}, None)
+
+    def planned(min_history: int) -> RecomputePlan:
+        return RecomputeRetrieved(session.ctx, table, engine.tracer, min_history).plan(res)
+
+    assert planned(table.n_tokens) == RecomputePlan()
+    assert planned(table.n_tokens - 1).blocks == tuple(retrieved)
+    made = window_recompute(
+        replace(KVMemConfig(), recompute=RecomputeMode.RETRIEVED, budget=800),
+        session.ctx,
+        table,
+        engine.tracer,
+    )
+    assert isinstance(made, RecomputeRetrieved) and made.min_history == 2400  # 3 x 800

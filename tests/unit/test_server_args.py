@@ -386,6 +386,18 @@ def test_recompute_is_off_unless_asked_for_and_refused_where_it_cannot_run() -> 
         load("--kvmem-recompute", "all")
 
 
+def test_recompute_above_is_three_windows_and_applies_to_retrieved_only() -> None:
+    assert load("--kvmem-recompute", "retrieved").engine.kvmem.recompute_above == 3.0
+    s = load("--kvmem-recompute", "retrieved", "--kvmem-recompute-above", "0")
+    assert s.engine.kvmem.recompute_above == 0.0
+    with pytest.raises(ConfigError) as info:
+        load("--kvmem-recompute-above", "2")
+    assert info.value.flag == "--kvmem-recompute-above"
+    assert "applies to --kvmem-recompute retrieved only" in str(info.value)
+    with pytest.raises(ConfigError, match="out of range"):
+        load("--kvmem-recompute", "retrieved", "--kvmem-recompute-above", "-1")
+
+
 def test_restore_ahead_is_generation_unless_turn_end_is_asked_for() -> None:
     assert load().engine.kvmem.restore_ahead is RestoreAheadMode.GENERATION
     s = load("--kvmem-restore-ahead", "turn-end")

@@ -94,15 +94,18 @@ class KeepStreamKV:
 class RecomputeRetrieved:
     """`--kvmem-recompute retrieved`: every retrieved block decoded again in the window."""
 
-    def __init__(self, ctx: LlamaContext, table: BlockTable, tracer: Tracer) -> None:
+    def __init__(
+        self, ctx: LlamaContext, table: BlockTable, tracer: Tracer, min_history: int = 0
+    ) -> None:
         self.ctx = ctx
         self.table = table
         self.tracer = tracer
+        self.min_history = min_history  # tokens; a shorter history keeps the stream's KV
 
     def plan(self, res: Reselection) -> RecomputePlan:
         """The retrieved tier's blocks by position (pure). A block with image rows is left
         as it is: its rows are embeddings the token batch cannot carry."""
-        if res.plan.fits:
+        if res.plan.fits or self.table.n_tokens <= self.min_history:
             return NOTHING
         bt = self.table.block_tokens
         tokens = self.table.tokens
@@ -158,4 +161,5 @@ def window_recompute(
         )
     if ctx.observer is not None:
         raise ConfigError("--kvmem-recompute", "not with --spec-type draft-mtp")
-    return RecomputeRetrieved(ctx, table, tracer)
+    min_history = int(config.recompute_above * config.budget)
+    return RecomputeRetrieved(ctx, table, tracer, min_history)
