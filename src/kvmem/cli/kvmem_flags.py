@@ -55,7 +55,7 @@ _WITHOUT_KVMEM = frozenset({"enabled", "trace"})
 
 def refuse_tuning_without_kvmem(config: KVMemConfig) -> None:
     """With --no-kvmem, a `--kvmem-*` flag set away from its default would be silently
-    ignored: refuse it, naming the flag (from the command line or its variable alike)."""
+    ignored: refuse it, naming the flag."""
     if config.enabled:
         return
     default = KVMemConfig()
